@@ -1,0 +1,41 @@
+# Every target works alone on a fresh clone: it creates .venv first when needed.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export PYTHONPATH := $(CURDIR)
+
+.PHONY: setup run test bench ui compare serve clean
+
+$(STAMP): requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+setup: $(STAMP)  ## create .venv with the pinned dependencies
+
+run: setup  ## the whole pipeline on the default data set (set DATA_MIRROR for air-gapped machines)
+	$(BIN)/dvc repro
+	$(BIN)/dvc metrics show
+
+test: setup  ## the test suite (CPU, a few minutes)
+	$(BIN)/python -m pytest -q
+
+bench: setup  ## speed benchmarks, each printing ratio=<x> last
+	$(BIN)/python bench/train_throughput.py
+	$(BIN)/python bench/decode_speed.py
+
+ui: setup  ## MLflow UI on 127.0.0.1
+	$(BIN)/mlflow ui --backend-store-uri $${MLFLOW_TRACKING_URI:-sqlite:///mlflow.db} --host 127.0.0.1 --port 5000
+
+compare: setup  ## table of the experiment's runs, best BLEU first
+	$(BIN)/python -m pipeline.compare
+
+serve: setup  ## serve the scheduled retraining flow (Prefect)
+	$(BIN)/python -m pipeline.flows serve
+
+clean:  ## remove outputs (keeps .venv and the MLflow store)
+	rm -rf data/corpus data/tokenizer data/tokens models reports/attention reports/translations \
+	       reports/*.csv reports/*.json

@@ -1,0 +1,1 @@
+"""The MLOps product around the ``transformer`` package: params, data, DVC stages, tracking, flows."""

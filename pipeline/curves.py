@@ -1,0 +1,49 @@
+"""Training curves for ``dvc plots``: CSV files rewritten atomically, their rows kept in
+each checkpoint so that a resumed run continues the same curves."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from pipeline.io import write_text
+from transformer.trainer import TrainerCallback
+
+
+class CurveWriter(TrainerCallback):
+    """Writes ``train_curve.csv`` and ``valid_curve.csv`` and prints a progress line per log."""
+
+    def __init__(self, train_csv: Path, valid_csv: Path, echo: bool = True) -> None:
+        self.files = {"train": train_csv, "valid": valid_csv}
+        self.rows: dict[str, list[dict[str, float]]] = {"train": [], "valid": []}
+        self.echo = echo
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.rows = {k: [dict(r) for r in v] for k, v in state.get("curves", self.rows).items()}
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {"curves": self.rows}
+
+    def _write(self, kind: str) -> None:
+        rows = self.rows[kind]
+        if not rows:
+            return
+        columns = list(rows[0])
+        lines = [",".join(columns)] + [",".join(f"{r[c]:.6g}" for c in columns) for r in rows]
+        write_text(self.files[kind], "\n".join(lines) + "\n")
+
+    def on_log(self, step: int, metrics: dict[str, float]) -> None:
+        self.rows["train"].append({"step": step, **{k.split("/", 1)[1]: v for k, v in metrics.items()}})
+        self._write("train")
+        if self.echo:
+            print(f"step {step:>6}  epoch {metrics['train/epoch']:.0f}  loss {metrics['train/loss']:.3f}  "
+                  f"ppl {metrics['train/ppl']:.2f}  lr {metrics['train/lr']:.2e}  "
+                  f"{metrics['train/target_tokens_per_s']:,.0f} tok/s", file=sys.stderr, flush=True)
+
+    def on_validate(self, step: int, metrics: dict[str, float]) -> None:
+        self.rows["valid"].append({"step": step, **{k.split("/", 1)[1]: v for k, v in metrics.items()}})
+        self._write("valid")
+        if self.echo:
+            print(f"step {step:>6}  valid loss {metrics['valid/loss']:.3f}  ppl {metrics['valid/ppl']:.2f}",
+                  file=sys.stderr, flush=True)

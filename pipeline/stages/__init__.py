@@ -1,0 +1,1 @@
+"""DVC stages: each a thin ``python -m pipeline.stages.<name>`` around library functions."""

@@ -1,0 +1,51 @@
+"""DVC stage ``download``: fetch, verify and clean the corpus named in ``params.yaml`` (section data).
+
+    python -m pipeline.stages.download        # PARAMS_FILE=... to read another params file
+
+Writes ``data/corpus/`` (plain text, one sentence a line, plus ``stats.json``) and keeps the
+verified downloads in ``data/cache/``. A bad parameter or a data problem (hash mismatch,
+misaligned or invalid files) prints one ``error: ...`` line to stderr and exits 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from pipeline.datasets import DataError, prepare_corpus
+from pipeline.params import load_params, run_stage
+
+OUT_DIR = Path("data/corpus")
+CACHE_DIR = Path("data/cache")
+
+
+def format_table(stats: dict[str, Any]) -> str:
+    """The per-split counts of ``prepare_corpus``'s stats as a short fixed-width table."""
+    rows = [("split", "raw", "kept", "empty", "too_long", "ratio", "limit")]
+    for split, s in stats["splits"].items():
+        d = s["dropped"]
+        rows.append((split, s["raw"], s["kept"], d["empty"], d["too_long"], d["ratio"], d["limit"]))
+    width = max(len(str(r[0])) for r in rows)
+    return "\n".join(f"{r[0]!s:<{width}}" + "".join(f"{v!s:>10}" for v in r[1:]) for r in rows)
+
+
+def _run() -> None:
+    params = load_params()
+    data = params.data
+    stats = prepare_corpus(data, OUT_DIR, CACHE_DIR)
+    print(f"{stats['dataset']} {data.pair} -> {OUT_DIR}/")
+    print(format_table(stats))
+
+
+def main() -> None:
+    """Run the stage; a ``DataError`` prints one line and exits 2 (``run_stage`` does ParamsError)."""
+    try:
+        _run()
+    except DataError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    run_stage(main)

@@ -1,0 +1,71 @@
+"""pipeline/stages/download.py run as DVC runs it: ``python -m pipeline.stages.download`` in a folder
+holding params.yaml; writes data/corpus, exits 2 with one ``error:`` line on bad params or data."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.stages.download import format_table
+
+REPO = Path(__file__).resolve().parents[3]
+MIRROR = REPO.parent / "shared" / "data" / "multi30k"
+
+
+def run_stage(cwd: Path, data: dict, mirror: Path | None) -> subprocess.CompletedProcess:
+    """Write cwd/params.yaml (the repository's, with ``data`` overriding its data section) and run the stage."""
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["data"] = {**params.get("data", {}), **data}
+    (cwd / "params.yaml").write_text(yaml.safe_dump(params))
+    env = {k: v for k, v in os.environ.items() if k not in ("PARAMS_FILE", "DATA_MIRROR")}
+    env["PYTHONPATH"] = str(REPO)
+    if mirror is not None:
+        env["DATA_MIRROR"] = str(mirror)
+    return subprocess.run([sys.executable, "-m", "pipeline.stages.download"], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(not (MIRROR / "data/task1/raw/train.en.gz").is_file(),
+                    reason=f"the Multi30k mirror is not at {MIRROR} (see shared/data/README.md)")
+def test_stage_writes_the_corpus(tmp_path):
+    result = run_stage(tmp_path, {"dataset": "multi30k", "src_lang": "en", "tgt_lang": "de", "valid_set": "val",
+                                  "test_sets": ["test_2016_flickr"], "limit_train_pairs": 50}, MIRROR)
+    assert result.returncode == 0, result.stderr
+    corpus = tmp_path / "data" / "corpus"
+    assert sorted(p.name for p in corpus.iterdir()) == [
+        "stats.json", "test_2016_flickr.de", "test_2016_flickr.en", "train.de", "train.en", "val.de", "val.en"]
+    assert len((corpus / "train.de").read_text(encoding="utf-8").splitlines()) == 50
+    assert "train" in result.stdout and "29000" in result.stdout and "1014" in result.stdout
+    assert (tmp_path / "data" / "cache").is_dir()
+
+
+def test_bad_param_exits_2_with_one_line(tmp_path):
+    result = run_stage(tmp_path, {"dataset": "nope"}, None)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("error: ") and "data.dataset 'nope'" in result.stderr
+    assert not (tmp_path / "data").exists()
+
+
+def test_data_error_exits_2_with_one_line(tmp_path):
+    (tmp_path / "empty").mkdir()
+    result = run_stage(tmp_path, {"dataset": "multi30k"}, tmp_path / "empty")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("error: data mirror ") and "has no data/task1/raw/train.en.gz" in result.stderr
+    assert not (tmp_path / "data" / "corpus").exists()
+
+
+def test_format_table():
+    dropped = {"empty": 1, "too_long": 2, "ratio": 3, "limit": 4}
+    table = format_table({"splits": {"train": {"raw": 10, "kept": 0, "dropped": dropped},
+                                     "test_2016_flickr": {"raw": 5, "kept": 5, "dropped": dict.fromkeys(dropped, 0)}}})
+    header, train, test = table.splitlines()
+    assert header.split() == ["split", "raw", "kept", "empty", "too_long", "ratio", "limit"]
+    assert train.split() == ["train", "10", "0", "1", "2", "3", "4"]
+    assert test.split()[:3] == ["test_2016_flickr", "5", "5"]

@@ -1,0 +1,435 @@
+"""pipeline/datasets.py: registry checks, verified downloads (HTTP, local folder, file://), safe
+extraction, cleaning and the atomic output of ``prepare_corpus``.
+
+Downloads are served from a local HTTP server on 127.0.0.1 or read from folders made in
+``tmp_path``; the real Multi30k mirror (shared/data/multi30k beside the repository) is used when
+present. Nothing here touches the network or the repository's checksums.json.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import hashlib
+import http.server
+import io
+import json
+import re
+import shutil
+import tarfile
+import threading
+from pathlib import Path
+
+import pytest
+
+from pipeline import datasets
+from pipeline.datasets import DataError, DatasetSpec, check_data_params, extract_tar, prepare_corpus
+from pipeline.params import DataParams
+
+REPO = Path(__file__).resolve().parents[2]
+MIRROR = REPO.parent / "shared" / "data" / "multi30k"
+RAW = "data/task1/raw"
+CACHE_NAME = datasets.REGISTRY["multi30k"].cache_name
+
+
+# ----------------------------------------------------------------------------- fixtures / helpers
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    """No DATA_MIRROR from the caller's shell; checksums recorded in tmp, never in the repo."""
+    monkeypatch.delenv("DATA_MIRROR", raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    monkeypatch.setattr(datasets, "CHECKSUMS_FILE", tmp_path / "checksums.json")
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - signature of the base class
+        pass
+
+
+@pytest.fixture
+def http_mirror(tmp_path):
+    """(folder served, base URL) of an HTTP server on 127.0.0.1 with an ephemeral port."""
+    root = tmp_path / "served"
+    root.mkdir()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(root)))
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield root, f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def sentences(split: str, lang: str, n: int) -> list[str]:
+    return [f"{lang} {split} sentence number {i} with some words" for i in range(n)]
+
+
+def write_gz(path: Path, content: list[str] | bytes) -> None:
+    data = content if isinstance(content, bytes) else "".join(f"{s}\n" for s in content).encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(gzip.compress(data, mtime=0))
+
+
+def fake_multi30k(root: Path, sizes: dict[str, int] | None = None, langs=("en", "de")) -> None:
+    """A small Multi30k layout (gzip files) under ``root``."""
+    sizes = sizes or {"train": 20, "val": 5, "test_2016_flickr": 5}
+    for split, n in sizes.items():
+        for lang in langs:
+            write_gz(root / RAW / f"{split}.{lang}.gz", sentences(split, lang, n))
+
+
+def publish(monkeypatch, root: Path, skip: tuple[str, ...] = ()) -> dict[str, str]:
+    """Register the sha256 of every file under ``root`` (except ``skip``) as Multi30k's published hashes."""
+    hashes = {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+              for p in sorted((root / RAW).glob("*.gz")) if p.name not in skip}
+    monkeypatch.setitem(datasets.REGISTRY, "multi30k", datasets.multi30k_spec(sha256=hashes))
+    return hashes
+
+
+def cached(cache: Path, name: str) -> Path:
+    return cache / CACHE_NAME / RAW / name
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").split("\n")[:-1]
+
+
+# ----------------------------------------------------------------------------- registry / params
+
+
+def test_registry_lists_the_three_data_sets():
+    assert list(datasets.REGISTRY) == ["multi30k", "wmt14_en_de", "wmt14_en_fr"]
+    m30k = datasets.REGISTRY["multi30k"]
+    assert m30k.base_url == "https://github.com/multi30k/dataset/raw/a3d2e0d26b56f3846f66a952536ffed4e401d05a/"
+    assert m30k.languages == ["cs", "de", "en", "fr"]
+    assert m30k.split_languages("test_2017_mscoco") == {"en", "de", "fr"}
+    assert m30k.splits["test_2018_flickr"][0].unverified == {"de", "fr", "cs"}
+    published = {c.sides[lang].file.path for cs in m30k.splits.values() for c in cs for lang in c.sides
+                 if c.sides[lang].file.sha256}
+    assert published == set(datasets.MULTI30K_SHA256)
+    fr = datasets.REGISTRY["wmt14_en_fr"]
+    assert [c.name for c in fr.splits["train"]] == ["europarl-v7", "commoncrawl", "un", "news-commentary-v9", "giga-fren"]
+    assert datasets.REGISTRY["wmt14_en_de"].url(fr.splits["newstest2014"][0].sides["fr"].file) == \
+        "http://www.statmt.org/wmt14/test-full.tgz"
+
+
+def test_published_hashes_match_the_mirror_readme():
+    readme = MIRROR.parent / "README.md"
+    if not readme.is_file():
+        pytest.skip(f"no mirror README at {readme}")
+    listed = dict((path, digest) for digest, path in re.findall(r"([0-9a-f]{64})\s+(\S+)", readme.read_text()))
+    assert listed == datasets.MULTI30K_SHA256
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"dataset": "foo"}, "data.dataset 'foo' is not in the registry (known: multi30k, wmt14_en_de, wmt14_en_fr)"),
+    ({"src_lang": "xx"}, "data.src_lang 'xx' is not a language of multi30k (known: cs, de, en, fr)"),
+    ({"dataset": "wmt14_en_de", "tgt_lang": "fr", "valid_set": "newstest2013", "test_sets": ["newstest2014"]},
+     "data.tgt_lang 'fr' is not a language of wmt14_en_de (known: de, en)"),
+    ({"test_sets": ["test_2099"]}, "data.test_sets: 'test_2099' is not a split of multi30k (known: val, "),
+    ({"tgt_lang": "cs", "test_sets": ["test_2017_flickr"]}, "data.test_sets: test_2017_flickr has no cs side in multi30k"),
+    ({"valid_set": "newstest2013"}, "data.valid_set: 'newstest2013' is not a split of multi30k"),
+    ({"valid_set": "train"}, "data.valid_set: train is the training split"),
+    ({"test_sets": ["val", "val"]}, "data.test_sets: val is listed twice"),
+])
+def test_bad_data_params_name_the_key(kwargs, message):
+    with pytest.raises(ValueError) as err:
+        DataParams(**kwargs)
+    assert str(err.value).startswith(message)
+
+
+def test_valid_data_params_pass():
+    check_data_params(DataParams(dataset="wmt14_en_fr", src_lang="fr", tgt_lang="en",
+                                 valid_set="newstest2013", test_sets=["newstest2014"]))
+    check_data_params(DataParams(src_lang="en", tgt_lang="fr", test_sets=["test_2017_mscoco", "test_2018_flickr"]))
+
+
+# ----------------------------------------------------------------------------- downloads
+
+
+def test_http_download_verified_and_written(http_mirror, tmp_path, monkeypatch):
+    root, url = http_mirror
+    fake_multi30k(root)
+    hashes = publish(monkeypatch, root)
+    monkeypatch.setenv("DATA_MIRROR", url)
+    out, cache = tmp_path / "corpus", tmp_path / "cache"
+
+    stats = prepare_corpus(DataParams(), out, cache, retries=0, progress=False)
+
+    assert sorted(p.name for p in out.iterdir()) == [
+        "stats.json", "test_2016_flickr.de", "test_2016_flickr.en", "train.de", "train.en", "val.de", "val.en"]
+    assert lines(out / "train.de") == sentences("train", "de", 20)
+    assert lines(out / "test_2016_flickr.en") == sentences("test_2016_flickr", "en", 5)
+    assert stats["splits"]["train"]["raw"] == stats["splits"]["train"]["kept"] == 20
+    assert json.loads((out / "stats.json").read_text()) == stats
+    upstream = datasets.REGISTRY["multi30k"].base_url
+    assert {s["url"]: s["sha256"] for s in stats["sources"]} == {upstream + k: v for k, v in hashes.items()}
+    assert not datasets.CHECKSUMS_FILE.exists()        # every hash was published: nothing recorded
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".corpus")]   # no temp dir left
+
+
+def _corrupt(path: Path, how: str) -> None:
+    data = bytearray(path.read_bytes())
+    if how == "truncated":
+        path.write_bytes(bytes(data[: len(data) // 2]))
+    else:
+        data[len(data) // 2] ^= 0x01
+        path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["truncated", "tampered"])
+@pytest.mark.parametrize("via", ["http", "folder", "file-url"])
+def test_corrupt_file_rejected_before_anything_is_written(how, via, http_mirror, tmp_path, monkeypatch):
+    root, url = http_mirror
+    fake_multi30k(root)
+    publish(monkeypatch, root)
+    _corrupt(root / RAW / "train.de.gz", how)
+    monkeypatch.setenv("DATA_MIRROR", {"http": url, "folder": str(root), "file-url": root.as_uri()}[via])
+    out, cache = tmp_path / "corpus", tmp_path / "cache"
+    out.mkdir()
+    (out / "previous.txt").write_text("old output\n")
+
+    with pytest.raises(DataError, match=r"(?i)hash|sha256") as err:
+        prepare_corpus(DataParams(), out, cache, retries=0, progress=False)
+
+    assert "\n" not in str(err.value)
+    assert sorted(p.name for p in out.iterdir()) == ["previous.txt"]          # output untouched
+    assert sorted(p.name for p in cached(cache, "").iterdir()) == ["train.en.gz"]  # bad file not cached
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".corpus")]
+
+
+def test_first_download_hash_is_recorded_then_enforced(http_mirror, tmp_path, monkeypatch):
+    root, url = http_mirror
+    fake_multi30k(root, {"train": 20, "val": 5, "test_2017_flickr": 5})
+    publish(monkeypatch, root, skip=("test_2017_flickr.en.gz", "test_2017_flickr.de.gz"))
+    monkeypatch.setenv("DATA_MIRROR", url)
+    data = DataParams(test_sets=["test_2017_flickr"])
+    cache = tmp_path / "cache"
+
+    stats = prepare_corpus(data, tmp_path / "corpus", cache, retries=0, progress=False)
+    recorded = json.loads(datasets.CHECKSUMS_FILE.read_text())["sha256"]
+    upstream = datasets.REGISTRY["multi30k"].base_url + RAW
+    assert set(recorded) == {f"{upstream}/test_2017_flickr.en.gz", f"{upstream}/test_2017_flickr.de.gz"}
+    assert {s["hash"] for s in stats["sources"]} == {"published", "first-download"}
+
+    # a cached file that went bad is downloaded again, and passes against the recorded hash
+    cached(cache, "test_2017_flickr.de.gz").write_bytes(b"garbage")
+    stats = prepare_corpus(data, tmp_path / "corpus", cache, retries=0, progress=False)
+    assert {s["hash"] for s in stats["sources"]} == {"published", "recorded"}
+    assert lines(tmp_path / "corpus" / "test_2017_flickr.de") == sentences("test_2017_flickr", "de", 5)
+
+    # upstream changes behind our back: the recorded hash rejects it
+    write_gz(root / RAW / "test_2017_flickr.de.gz", sentences("changed", "de", 5))
+    cached(cache, "test_2017_flickr.de.gz").unlink()
+    with pytest.raises(DataError, match="checksums.json"):
+        prepare_corpus(data, tmp_path / "corpus", cache, retries=0, progress=False)
+
+
+def test_missing_file_on_mirror(tmp_path, monkeypatch):
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv("DATA_MIRROR", str(tmp_path / "empty"))
+    with pytest.raises(DataError, match=f"has no {RAW}/train.en.gz"):
+        prepare_corpus(DataParams(), tmp_path / "corpus", tmp_path / "cache", retries=0)
+
+
+def test_mirror_that_is_not_a_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("DATA_MIRROR", str(tmp_path / "nowhere"))
+    with pytest.raises(DataError, match="is not a directory"):
+        prepare_corpus(DataParams(), tmp_path / "corpus", tmp_path / "cache", retries=0)
+
+
+def test_http_error_is_a_data_error(http_mirror, tmp_path, monkeypatch):
+    root, url = http_mirror                     # serves nothing: 404
+    monkeypatch.setenv("DATA_MIRROR", url)
+    with pytest.raises(DataError, match=r"could not download http://127\.0\.0\.1:\d+/data/task1/raw/train.en.gz"):
+        prepare_corpus(DataParams(), tmp_path / "corpus", tmp_path / "cache", retries=0)
+
+
+# ----------------------------------------------------------------------------- the real mirror
+
+
+@pytest.mark.skipif(not (MIRROR / RAW / "train.en.gz").is_file(),
+                    reason=f"the Multi30k mirror is not at {MIRROR} (see shared/data/README.md)")
+def test_real_multi30k_mirror(tmp_path, monkeypatch):
+    monkeypatch.setenv("DATA_MIRROR", str(MIRROR))
+    out = tmp_path / "corpus"
+    stats = prepare_corpus(DataParams(limit_train_pairs=300), out, tmp_path / "cache", retries=0)
+
+    train, val, test = (stats["splits"][s] for s in ("train", "val", "test_2016_flickr"))
+    assert (train["raw"], train["kept"], train["dropped"]) == (
+        29000, 300, {"empty": 0, "too_long": 0, "ratio": 0, "limit": 28700})
+    assert (val["raw"], val["kept"]) == (1014, 1014)
+    assert (test["raw"], test["kept"]) == (1000, 1000)
+    for name, n in [("train.en", 300), ("train.de", 300), ("val.en", 1014), ("val.de", 1014),
+                    ("test_2016_flickr.en", 1000), ("test_2016_flickr.de", 1000)]:
+        assert len(lines(out / name)) == n, name
+    first = gzip.open(MIRROR / RAW / "train.en.gz", "rt", encoding="utf-8").readline().strip()
+    assert lines(out / "train.en")[0] == first
+    assert {s["hash"] for s in stats["sources"]} == {"published"}
+
+
+# ----------------------------------------------------------------------------- reading / cleaning
+
+
+def _prepare_local(tmp_path, monkeypatch, files: dict[str, list[str] | bytes], **params):
+    root = tmp_path / "mirror"
+    fake_multi30k(root)
+    for name, content in files.items():
+        write_gz(root / RAW / name, content)
+    publish(monkeypatch, root)
+    monkeypatch.setenv("DATA_MIRROR", str(root))
+    return prepare_corpus(DataParams(**params), tmp_path / "corpus", tmp_path / "cache", retries=0)
+
+
+def test_cleaning_drops_and_counts_by_reason(tmp_path, monkeypatch):
+    en = ["  a  b  ", "", "x " * 11, "one", "ok pair\u2028here", "last pair", "kept beyond limit"]
+    de = ["c d", "leer", "y", "eins zwei drei vier", "gut\rhier", "letztes paar", "über die Grenze"]
+    stats = _prepare_local(tmp_path, monkeypatch, {"train.en.gz": en, "train.de.gz": de},
+                           max_words=10, max_ratio=3.0, limit_train_pairs=3)
+    train = stats["splits"]["train"]
+    assert train["raw"] == 7 and train["kept"] == 3
+    assert train["dropped"] == {"empty": 1, "too_long": 1, "ratio": 1, "limit": 1}
+    out = tmp_path / "corpus"
+    assert lines(out / "train.en") == ["a  b", "ok pair here", "last pair"]   # stripped, line breaks -> spaces
+    assert lines(out / "train.de") == ["c d", "gut hier", "letztes paar"]
+
+
+def test_misaligned_files_name_both_and_their_counts(tmp_path, monkeypatch):
+    with pytest.raises(DataError) as err:
+        _prepare_local(tmp_path, monkeypatch, {"train.de.gz": sentences("train", "de", 19)})
+    assert str(err.value) == (f"misaligned corpus: {RAW}/train.en.gz has 20 lines but {RAW}/train.de.gz has 19")
+    assert not (tmp_path / "corpus").exists()
+
+
+def test_invalid_utf8_names_file_and_line(tmp_path, monkeypatch):
+    bad = "".join(f"{s}\n" for s in sentences("val", "de", 5)).encode().replace(b"number 2", b"number \xff2")
+    with pytest.raises(DataError, match=rf"^{RAW}/val.de.gz: line 3 is not valid UTF-8"):
+        _prepare_local(tmp_path, monkeypatch, {"val.de.gz": bad})
+    assert not (tmp_path / "corpus").exists()
+
+
+def test_empty_line_in_an_evaluation_set_is_an_error(tmp_path, monkeypatch):
+    test = sentences("test", "en", 5)
+    test[3] = "   "
+    with pytest.raises(DataError, match=rf"^test_2016_flickr: {RAW}/test_2016_flickr.en.gz sentence 4 is empty"):
+        _prepare_local(tmp_path, monkeypatch, {"test_2016_flickr.en.gz": test})
+
+
+def test_empty_corpus_after_cleaning(tmp_path, monkeypatch):
+    with pytest.raises(DataError, match=r"^train: no sentence pairs left after cleaning \(20 raw pairs; dropped: too_long 20\)"):
+        _prepare_local(tmp_path, monkeypatch, {}, max_words=2)
+
+
+def test_truncated_gzip_stream_is_a_data_error(tmp_path, monkeypatch):
+    data = gzip.compress(("".join(f"{s}\n" for s in sentences("val", "en", 500))).encode(), mtime=0)
+    root = tmp_path / "mirror"
+    fake_multi30k(root)
+    (root / RAW / "val.en.gz").write_bytes(data[:-40])      # published hash of the truncated file
+    publish(monkeypatch, root)
+    monkeypatch.setenv("DATA_MIRROR", str(root))
+    with pytest.raises(DataError, match=rf"^{RAW}/val.en.gz: cannot read"):
+        prepare_corpus(DataParams(), tmp_path / "corpus", tmp_path / "cache", retries=0)
+
+
+# ----------------------------------------------------------------------------- archives
+
+
+def _tar(path: Path, entries: list[tarfile.TarInfo | tuple[str, bytes]], mode: str = "w:gz") -> Path:
+    with tarfile.open(path, mode) as tar:
+        for entry in entries:
+            if isinstance(entry, tarfile.TarInfo):
+                tar.addfile(entry)
+            else:
+                info = tarfile.TarInfo(entry[0])
+                info.size = len(entry[1])
+                tar.addfile(info, io.BytesIO(entry[1]))
+    return path
+
+
+def _symlink(name: str, target: str) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = tarfile.SYMTYPE, target
+    return info
+
+
+@pytest.mark.parametrize("evil", [("../evil.txt", b"escaped"), _symlink("link", "/etc/passwd"),
+                                  _symlink("sub/link", "../../outside")])
+@pytest.mark.parametrize("members", [None, "named"])
+def test_extraction_rejects_path_traversal(tmp_path, evil, members):
+    archive = _tar(tmp_path / "evil.tgz", [("good.txt", b"fine\n"), evil])
+    dest = tmp_path / "x" / "dest"
+    name = evil.name if isinstance(evil, tarfile.TarInfo) else evil[0]
+    with pytest.raises(DataError, match="unsafe member rejected"):
+        extract_tar(archive, dest, None if members is None else ["good.txt", name])
+    assert not dest.exists()
+    assert not (tmp_path / "x" / "evil.txt").exists() and not (tmp_path / "evil.txt").exists()
+    assert list((tmp_path / "x").iterdir()) == []                    # temp dir cleaned up
+
+
+def test_extraction_of_named_members(tmp_path):
+    archive = _tar(tmp_path / "a.tar", [("./d/one.txt", b"1\n"), ("d/two.txt", b"2\n"), ("three", b"3\n")], "w")
+    dest = extract_tar(archive, tmp_path / "dest", ["d/one.txt", "d/two.txt"])
+    assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()) == ["d/one.txt", "d/two.txt"]
+    with pytest.raises(DataError, match="a.tar has no member nope"):
+        extract_tar(archive, tmp_path / "dest2", ["nope"])
+    assert not (tmp_path / "dest2").exists()
+
+
+# ----------------------------------------------------------------------------- WMT14 layout
+
+
+def fake_statmt(root: Path, spec: DatasetSpec, n: int = 3) -> None:
+    """Archives laid out like statmt.org's for ``spec``, each side ``n`` sentences naming corpus and language."""
+    contents: dict[datasets.RemoteFile, dict[str, bytes]] = {}
+    for corpora in spec.splits.values():
+        for corpus in corpora:
+            for lang, side in corpus.sides.items():
+                text = sentences(corpus.name, lang, n)
+                if side.fmt == "sgm":
+                    segs = "".join(f'<seg id="{i + 1}">{s}</seg>\n' for i, s in enumerate(text))
+                    data = (f'<refset setid="{corpus.name}" srclang="any" trglang="{lang}">\n'
+                            f'<doc sysid="ref" docid="x" genre="news" origlang="en">\n<p>\n{segs}</p>\n</doc>\n</refset>\n').encode()
+                else:
+                    data = "".join(f"{s}\n" for s in text).encode()
+                    if side.fmt == "gz":
+                        data = gzip.compress(data, mtime=0)
+                contents.setdefault(side.file, {})[side.member] = data
+    for file, members in contents.items():
+        path = root / file.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _tar(path, list(members.items()), "w:gz" if path.suffix == ".tgz" else "w")
+
+
+@pytest.mark.parametrize("name", ["wmt14_en_de", "wmt14_en_fr"])
+def test_wmt14_archives_are_read_as_registered(name, tmp_path, monkeypatch):
+    spec = datasets.REGISTRY[name]
+    other = name[-2:]
+    root = tmp_path / "statmt"
+    fake_statmt(root, spec)
+    monkeypatch.setenv("DATA_MIRROR", root.as_uri())
+    data = DataParams(dataset=name, src_lang=other, tgt_lang="en", valid_set="newstest2013", test_sets=["newstest2014"])
+    out, cache = tmp_path / "corpus", tmp_path / "cache"
+
+    stats = prepare_corpus(data, out, cache, retries=0)
+
+    corpora = [c.name for c in spec.splits["train"]]
+    assert lines(out / f"train.{other}") == [s for c in corpora for s in sentences(c, other, 3)]
+    assert stats["splits"]["train"]["corpora"] == {c: 3 for c in corpora}
+    assert lines(out / "newstest2013.en") == sentences("newstest2013", "en", 3)
+    assert lines(out / f"newstest2014.{other}") == sentences("newstest2014", other, 3)
+    assert lines(out / "newstest2014.en") == sentences("newstest2014", "en", 3)
+    recorded = json.loads(datasets.CHECKSUMS_FILE.read_text())["sha256"]
+    assert set(recorded) == {spec.url(f) for c in spec.splits.values() for x in c for f in {s.file for s in x.sides.values()}}
+    assert all(recorded[s["url"]] == s["sha256"] and s["hash"] == "first-download" for s in stats["sources"])
+
+    # the next run checks the recorded hashes: a changed archive on the mirror is refused
+    (root / "wmt14" / "dev.tgz").write_bytes((root / "wmt14" / "dev.tgz").read_bytes() + b"\0")
+    shutil.rmtree(cache)
+    with pytest.raises(DataError, match=r"sha256 mismatch for .*dev\.tgz.*checksums\.json"):
+        prepare_corpus(data, out, cache, retries=0)
+    assert lines(out / "newstest2013.en") == sentences("newstest2013", "en", 3)    # previous output kept

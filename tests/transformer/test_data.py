@@ -1,0 +1,137 @@
+"""transformer/data.py: the token store, token-count batching (§5.1) and collation."""
+
+import numpy as np
+import pytest
+import torch
+
+from transformer.data import Batch, TokenBatchSampler, TokenStore, collate, write_token_store
+from transformer.tokens import BOS_ID, EOS_ID, PAD_ID
+
+
+def random_pairs(n, vocab=30, max_len=20, seed=0):
+    rng = np.random.default_rng(seed)
+    return [(rng.integers(4, vocab, size=rng.integers(1, max_len + 1)).tolist(),
+             rng.integers(4, vocab, size=rng.integers(1, max_len + 1)).tolist()) for _ in range(n)]
+
+
+def test_token_store_round_trip(tmp_path):
+    pairs = random_pairs(50) + [([], [5]), ([7, 8], [])]
+    store = write_token_store(tmp_path / "store", pairs, vocab_size=30)
+    reopened = TokenStore(tmp_path / "store")
+    for s in (store, reopened):
+        assert len(s) == 52 and s.vocab_size == 30
+        for i, (src, tgt) in enumerate(pairs):
+            a, b = s.pair(i)
+            assert a.tolist() == src and b.tolist() == tgt
+            assert a.dtype == np.int64
+            assert s.lengths["src"][i] == len(src) and s.lengths["tgt"][i] == len(tgt)
+        assert s.num_tokens("src") == sum(len(p[0]) for p in pairs)
+        assert s.num_tokens() == sum(len(p[1]) for p in pairs)
+    assert reopened.tokens["src"].dtype == np.uint16  # small vocabularies take 2 bytes per token
+
+
+def test_token_store_large_vocab_and_overwrite(tmp_path):
+    big = write_token_store(tmp_path / "s", [([70000, 4], [65536])], vocab_size=80000)
+    assert big.tokens["src"].dtype == np.int32 and big.pair(0)[0].tolist() == [70000, 4]
+    again = write_token_store(tmp_path / "s", [([5], [6]), ([7], [8])], vocab_size=10)
+    assert len(again) == 2 and len(TokenStore(tmp_path / "s")) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]
+
+
+def test_failed_write_leaves_nothing(tmp_path):
+    def pairs():
+        yield [5], [6]
+        raise RuntimeError("corpus broken")
+
+    with pytest.raises(RuntimeError, match="corpus broken"):
+        write_token_store(tmp_path / "s", pairs(), vocab_size=10)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(FileNotFoundError, match="not a token store"):
+        TokenStore(tmp_path / "s")
+
+
+def lengths(n=400, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.integers(1, 40, size=n), rng.integers(1, 40, size=n)
+
+
+def test_batches_respect_max_tokens_and_cover_every_index_once():
+    src, tgt = lengths()
+    sampler = TokenBatchSampler(src, tgt, max_tokens=120, seed=3)
+    for epoch in range(3):
+        batches = sampler.batches(epoch)
+        for batch in batches:
+            assert len(batch) >= 1
+            width = int(np.maximum(src[batch] + 1, tgt[batch] + 1).max())  # +1: EOS/BOS
+            assert width * len(batch) <= 120
+        seen = np.concatenate(batches)
+        assert sorted(seen.tolist()) == list(range(400))  # every index exactly once
+    # Batching by length packs well: most padded space holds real tokens (src and tgt lengths here
+    # are independent, the worst case for sorting by target length).
+    batches = sampler.batches(0)
+    real = sum(int(np.maximum(src[b], tgt[b]).sum() + len(b)) for b in batches)
+    padded = sum(int(np.maximum(src[b] + 1, tgt[b] + 1).max()) * len(b) for b in batches)
+    assert real / padded > 0.85
+
+
+def test_batches_are_reproducible_and_change_with_epoch():
+    src, tgt = lengths()
+    a = TokenBatchSampler(src, tgt, max_tokens=120, seed=3)
+    b = TokenBatchSampler(src, tgt, max_tokens=120, seed=3)
+    same = [x.tolist() for x in a.batches(1)]
+    assert same == [x.tolist() for x in b.batches(1)]
+    assert same != [x.tolist() for x in a.batches(2)]
+    assert same != [x.tolist() for x in TokenBatchSampler(src, tgt, max_tokens=120, seed=4).batches(1)]
+    assert [x.tolist() for x in a] == [x.tolist() for x in a.batches(0)]
+
+
+def test_world_size_two_splits_batches_disjointly():
+    src, tgt = lengths()
+    whole = TokenBatchSampler(src, tgt, max_tokens=120, seed=3).batches(5)
+    ranks = [TokenBatchSampler(src, tgt, max_tokens=120, seed=3, rank=r, world_size=2).batches(5)
+             for r in (0, 1)]
+    assert len(ranks[0]) == len(ranks[1]) == len(whole) // 2
+    seen = [set(np.concatenate(r).tolist()) for r in ranks]
+    assert not seen[0] & seen[1]
+    usable = len(whole) - len(whole) % 2
+    assert [x.tolist() for x in ranks[0]] == [x.tolist() for x in whole[0:usable:2]]
+    assert [x.tolist() for x in ranks[1]] == [x.tolist() for x in whole[1:usable:2]]
+
+
+def test_too_long_pairs_are_skipped():
+    src = np.array([3, 10, 50, 4])
+    tgt = np.array([3, 60, 4, 4])
+    sampler = TokenBatchSampler(src, tgt, max_tokens=55, max_positions=20, shuffle=False)
+    assert sampler.skipped == 2
+    assert sorted(np.concatenate(sampler.batches(0)).tolist()) == [0, 3]
+    sampler = TokenBatchSampler(src, tgt, max_tokens=60, shuffle=False)
+    assert sampler.skipped == 1  # tgt 60 + 1 > 60
+    with pytest.raises(ValueError, match="max_tokens must be positive"):
+        TokenBatchSampler(src, tgt, max_tokens=0)
+
+
+def test_unshuffled_batches_are_sorted_by_length():
+    src, tgt = lengths(100)
+    batches = TokenBatchSampler(src, tgt, max_tokens=200, shuffle=False).batches(0)
+    order = np.concatenate(batches)
+    assert (np.diff(tgt[order]) >= 0).all()
+    assert [x.tolist() for x in batches] == [x.tolist() for x in
+                                             TokenBatchSampler(src, tgt, 200, shuffle=False).batches(7)]
+
+
+def test_collate_places_bos_eos_and_pads(tmp_path):
+    store = write_token_store(tmp_path / "s", [([5, 6, 7], [8, 9]), ([10], [11, 12, 13, 14])], vocab_size=20)
+    batch = collate(store, [0, 1])
+    assert isinstance(batch, Batch)
+    assert batch.src.tolist() == [[5, 6, 7, EOS_ID], [10, EOS_ID, PAD_ID, PAD_ID]]
+    assert batch.tgt_in.tolist() == [[BOS_ID, 8, 9, PAD_ID, PAD_ID], [BOS_ID, 11, 12, 13, 14]]
+    assert batch.tgt_out.tolist() == [[8, 9, EOS_ID, PAD_ID, PAD_ID], [11, 12, 13, 14, EOS_ID]]
+    assert batch.n_target_tokens == 3 + 5
+    assert batch.src.dtype == torch.long
+
+    padded = collate(store, [1, 0], pad_multiple=8)
+    assert padded.src.shape == (2, 8) and padded.tgt_in.shape == (2, 8)
+    assert padded.tgt_out[0].tolist() == [11, 12, 13, 14, EOS_ID, PAD_ID, PAD_ID, PAD_ID]
+    assert padded.n_target_tokens == 8
+    moved = padded.to("cpu")
+    assert torch.equal(moved.tgt_out, padded.tgt_out)

@@ -1,0 +1,180 @@
+"""transformer/search.py: greedy and beam search (§6.1), length penalty, limits, early stop."""
+
+import pytest
+import torch
+
+from transformer.search import attention_weights, beam_search, greedy_search, length_penalty
+from transformer.tokens import BOS_ID, EOS_ID
+
+from .conftest import pad_batch, tiny_model
+
+SENTENCES = [[5, 6, 7], [8, 9, 10, 11, 12], [13], [14, 15, 16, 17], [18, 19, 20, 21, 22, 23, 4], [9, 9]]
+
+
+@torch.no_grad()
+def sequence_logprob(model, src_row, hypothesis):
+    """log P(hypothesis + EOS | src) by one teacher-forced pass; src_row (S,) may hold pads."""
+    tgt_in = torch.tensor([[BOS_ID, *hypothesis]])
+    tgt_out = torch.tensor([*hypothesis, EOS_ID])
+    lprobs = torch.log_softmax(model(src_row[None], tgt_in)[0].float(), dim=-1)
+    return float(lprobs.gather(-1, tgt_out[:, None]).sum())
+
+
+def suppress(model, token, bias):
+    """Add ``bias`` to the logit of ``token`` at every decoding step (an instance-level wrapper)."""
+    decode = model.decode
+    calls = []
+
+    def biased(*args, **kwargs):
+        calls.append(1)
+        logits = decode(*args, **kwargs).clone()
+        logits[..., token] += bias
+        return logits
+
+    model.decode = biased
+    return calls
+
+
+def test_length_penalty_values():
+    # ((5 + L) / 6) ** alpha
+    assert length_penalty(1, 0.6) == pytest.approx(1.0)
+    assert length_penalty(7, 0.6) == pytest.approx(2 ** 0.6) == pytest.approx(1.515717, abs=1e-6)
+    assert length_penalty(10, 0.6) == pytest.approx(2.5 ** 0.6) == pytest.approx(1.733620, abs=1e-6)
+    assert length_penalty(25, 1.0) == pytest.approx(5.0)
+    assert length_penalty(13, 0.0) == 1.0
+    lp = length_penalty(torch.tensor([1.0, 7.0]), 0.6)
+    assert torch.allclose(lp, torch.tensor([1.0, 2 ** 0.6]))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_beam_one_equals_greedy_on_random_model(seed):
+    model = tiny_model(seed=seed)
+    src = pad_batch(SENTENCES)
+    greedy = greedy_search(model, src, max_len_b=8)
+    beam = beam_search(model, src, beam_size=1, alpha=0.6, max_len_b=8)
+    assert beam.hypotheses == greedy.hypotheses
+    for hyp, g_score, b_score in zip(greedy.hypotheses, greedy.scores, beam.scores):
+        # Greedy scores are summed log-probabilities, beam scores are divided by lp(|Y| + EOS).
+        assert b_score * length_penalty(len(hyp) + 1, 0.6) == pytest.approx(g_score, abs=1e-4)
+
+
+def test_beam_one_equals_greedy_on_trained_model(copy_task):
+    src = pad_batch(copy_task.held_out[:20])
+    greedy = greedy_search(copy_task.model, src)
+    beam = beam_search(copy_task.model, src, beam_size=1)
+    assert beam.hypotheses == greedy.hypotheses
+    assert greedy.hypotheses == copy_task.held_out[:20]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_scores_equal_teacher_forced_scores(seed):
+    model = tiny_model(seed=seed)
+    src = pad_batch(SENTENCES)
+    greedy = greedy_search(model, src, max_len_b=8)
+    beam = beam_search(model, src, beam_size=4, alpha=0.6, max_len_b=8)
+    for i in range(len(SENTENCES)):
+        assert greedy.scores[i] == pytest.approx(sequence_logprob(model, src[i], greedy.hypotheses[i]), abs=1e-4)
+        hyp = beam.hypotheses[i]
+        expected = sequence_logprob(model, src[i], hyp) / length_penalty(len(hyp) + 1, 0.6)
+        assert beam.scores[i] == pytest.approx(expected, abs=1e-4)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_beam_four_scores_at_least_greedy(seed):
+    model = tiny_model(seed=seed)
+    src = pad_batch(SENTENCES)
+    greedy = greedy_search(model, src, max_len_b=8)
+    beam = beam_search(model, src, beam_size=4, alpha=0.6, max_len_b=8)
+    better = 0
+    for i, hyp in enumerate(greedy.hypotheses):
+        greedy_normalised = sequence_logprob(model, src[i], hyp) / length_penalty(len(hyp) + 1, 0.6)
+        assert beam.scores[i] >= greedy_normalised - 1e-5
+        better += beam.scores[i] > greedy_normalised + 1e-4
+    assert better >= 1  # on an untrained model beam search finds better hypotheses than greedy
+
+
+def test_beam_four_on_trained_model(copy_task):
+    src = pad_batch(copy_task.held_out[:20])
+    beam = beam_search(copy_task.model, src, beam_size=4)
+    assert beam.hypotheses == copy_task.held_out[:20]
+    for i, hyp in enumerate(beam.hypotheses):
+        assert beam.scores[i] <= 0.0
+        assert beam.scores[i] == pytest.approx(
+            sequence_logprob(copy_task.model, src[i], hyp) / length_penalty(len(hyp) + 1, 0.6), abs=1e-4)
+
+
+def test_batched_beam_equals_one_sentence_at_a_time():
+    model = tiny_model(seed=3)
+    src = pad_batch(SENTENCES)
+    batched = beam_search(model, src, beam_size=3, max_len_b=6)
+    for i, sentence in enumerate(SENTENCES):
+        alone = beam_search(model, pad_batch([sentence]), beam_size=3, max_len_b=6)
+        assert alone.hypotheses[0] == batched.hypotheses[i]
+        assert alone.scores[0] == pytest.approx(batched.scores[i], abs=1e-4)
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_max_output_length_is_source_length_plus_max_len_b(search):
+    model = tiny_model(seed=1)
+    calls = suppress(model, EOS_ID, -1e4)  # the model never chooses EOS by itself
+    src = pad_batch([[5, 6, 7], [8, 9, 10, 11, 12, 13]])  # 4 and 7 tokens with EOS, 3 pads on the first
+    if search == "greedy":
+        result = greedy_search(model, src)  # max_len_b = 50 (§6.1: input length + 50)
+    else:
+        result = beam_search(model, src, beam_size=2)
+    # Output length counting the final EOS = source length (with its EOS) + 50.
+    assert [len(h) + 1 for h in result.hypotheses] == [4 + 50, 7 + 50]
+    assert EOS_ID not in result.hypotheses[0] + result.hypotheses[1]
+    assert len(calls) == 7 + 50
+    calls.clear()
+    result = greedy_search(model, src, max_len_b=5) if search == "greedy" else beam_search(model, src, max_len_b=5)
+    assert [len(h) for h in result.hypotheses] == [4 + 5 - 1, 7 + 5 - 1]
+    assert len(calls) == 7 + 5
+
+
+def test_greedy_stops_when_every_sentence_has_ended():
+    model = tiny_model(seed=1)
+    calls = suppress(model, EOS_ID, 1e4)  # EOS is always the best token
+    result = greedy_search(model, pad_batch(SENTENCES))
+    assert result.hypotheses == [[]] * len(SENTENCES)
+    assert len(calls) == 1  # one decoder step, not source length + 50
+    assert all(-1e-3 < s <= 0.0 for s in result.scores)
+
+
+def test_greedy_finished_sentences_stop_scoring():
+    model = tiny_model(seed=4)
+    src = pad_batch(SENTENCES)
+    result = greedy_search(model, src, max_len_b=3)
+    for i, sentence in enumerate(SENTENCES):
+        alone = greedy_search(model, pad_batch([sentence]), max_len_b=3)
+        assert alone.hypotheses[0] == result.hypotheses[i]
+        assert alone.scores[0] == pytest.approx(result.scores[i], abs=1e-4)
+
+
+def test_beam_stops_once_beam_size_hypotheses_have_ended():
+    model = tiny_model(seed=1)
+    calls = suppress(model, EOS_ID, 1e3)
+    result = beam_search(model, pad_batch(SENTENCES), beam_size=4)
+    # Step 1 finishes the EOS of the single live beam, step 2 the EOS of the 4 new beams:
+    # 4 finished hypotheses after 2 decoder steps, long before the length limit.
+    assert len(calls) == 2
+    assert result.hypotheses == [[]] * len(SENTENCES)
+    assert all(-1e-3 < s <= 0.0 for s in result.scores)
+
+
+def test_beam_drops_finished_sentences_early():
+    model = tiny_model(seed=1)
+    calls = suppress(model, EOS_ID, -1e4)
+    src = pad_batch([[5], [6, 7, 8, 9, 10, 11, 12, 13]])
+    result = beam_search(model, src, beam_size=2, max_len_b=3)
+    assert [len(h) for h in result.hypotheses] == [2 + 3 - 1, 9 + 3 - 1]
+    assert len(calls) == 9 + 3
+
+
+def test_attention_weights_for_a_hypothesis():
+    model = tiny_model()
+    src = pad_batch([[5, 6, 7]])
+    weights = attention_weights(model, src, [8, 9])
+    assert len(weights.encoder) == 2
+    assert weights.cross[1].shape == (1, 4, 3, 4)  # heads, [BOS] + 2 tokens, source with EOS
+    assert torch.allclose(weights.cross[1].sum(-1), torch.ones(1, 4, 3), atol=1e-5)

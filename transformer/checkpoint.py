@@ -1,0 +1,114 @@
+"""Checkpoints: atomic saving, safe loading and averaging (§6.1)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import ModelConfig
+from .model import Transformer
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be used; the message says why."""
+
+
+def atomic_write(path: str | os.PathLike, write: Any) -> None:
+    """Call ``write(file)`` on a temporary file beside ``path``, fsync it, then rename it over ``path``.
+
+    A crash at any moment leaves either the old file or the new one, never half of one.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def save_checkpoint(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None:
+    """Atomically save a checkpoint made only of tensors, numbers, strings, lists and dicts."""
+    atomic_write(path, lambda f: torch.save(checkpoint, f))
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a checkpoint with ``weights_only=True``: unpickling never runs code from the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:  # torch raises several types for bad or unsafe files
+        raise CheckpointError(f"checkpoint {path} cannot be loaded safely: {err}") from err
+
+
+def model_checkpoint(model: Transformer, **extra: Any) -> dict[str, Any]:
+    """A self-describing model checkpoint: its config travels with the weights."""
+    return {"model_config": model.config.to_dict(), "model": model.state_dict(), **extra}
+
+
+def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Transformer:
+    """Rebuild a ``Transformer`` from a checkpoint written by ``model_checkpoint`` or the Trainer."""
+    ckpt = load_checkpoint(path, map_location)
+    if "model_config" not in ckpt or "model" not in ckpt:
+        raise CheckpointError(f"checkpoint {path} has no model_config/model entries")
+    model = Transformer(ModelConfig.from_dict(ckpt["model_config"]))
+    load_state(model, ckpt["model"], source=str(path))
+    return model.to(map_location)
+
+
+def load_state(model: Transformer, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
+    """Load weights, naming the first mismatching tensor instead of PyTorch's long report."""
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise CheckpointError(f"{source} does not fit this model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    for name, tensor in state.items():
+        if tensor.shape != own[name].shape:
+            raise CheckpointError(
+                f"{source} does not fit this model: {name} has shape {tuple(tensor.shape)}, "
+                f"the model expects {tuple(own[name].shape)}")
+    model.load_state_dict(state)
+
+
+def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict[str, Any]:
+    """Checkpoint averaging (§6.1): the element-wise mean of the models of ``paths``
+    (the paper averages the last 5 checkpoints for base models, the last 20 for big ones).
+
+    Returns a model checkpoint (``model_config`` and averaged ``model`` state).
+    """
+    if not paths:
+        raise CheckpointError("no checkpoints to average")
+    total: dict[str, torch.Tensor] = {}
+    dtypes: dict[str, torch.dtype] = {}
+    config = None
+    for path in paths:
+        ckpt = load_checkpoint(path)
+        if config is None:
+            config = ckpt["model_config"]
+        elif ckpt["model_config"] != config:
+            raise CheckpointError(f"{path} has a different model config from {paths[0]}")
+        for name, tensor in ckpt["model"].items():
+            if name in total:
+                total[name] += tensor.double()
+            else:
+                total[name], dtypes[name] = tensor.double().clone(), tensor.dtype
+    averaged = {name: (t / len(paths)).to(dtypes[name]) for name, t in total.items()}
+    return {"model_config": config, "model": averaged, "averaged_from": [str(p) for p in paths]}

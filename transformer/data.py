@@ -1,0 +1,203 @@
+"""Parallel data on disk and batching by token count (§5.1).
+
+A ``TokenStore`` is a folder of numpy arrays (flat token ids plus offsets per side),
+read through memory maps so that corpora of millions of pairs (WMT14) stream from disk
+without Python lists. ``TokenBatchSampler`` groups pairs of similar length into batches
+of at most ``max_tokens`` padded tokens, shuffled reproducibly from a seed and an epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .tokens import BOS_ID, EOS_ID, PAD_ID
+
+SIDES = ("src", "tgt")
+
+
+class TokenStoreWriter:
+    """Append (source ids, target ids) pairs, then ``close()`` to publish the store atomically."""
+
+    def __init__(self, path: str | os.PathLike, vocab_size: int) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.", dir=self.path.parent))
+        self.dtype = np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
+        self.vocab_size = vocab_size
+        self.files = {side: open(self.tmp / f"{side}.bin", "wb") for side in SIDES}
+        self.lengths: dict[str, list[int]] = {side: [] for side in SIDES}
+
+    def add(self, src: Sequence[int], tgt: Sequence[int]) -> None:
+        for side, ids in zip(SIDES, (src, tgt)):
+            self.files[side].write(np.asarray(ids, dtype=self.dtype).tobytes())
+            self.lengths[side].append(len(ids))
+
+    def close(self) -> "TokenStore":
+        for side in SIDES:
+            self.files[side].close()
+            lengths = np.asarray(self.lengths[side], dtype=np.int64)
+            offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            tokens = np.fromfile(self.tmp / f"{side}.bin", dtype=self.dtype)
+            np.save(self.tmp / f"{side}.tokens.npy", tokens)
+            np.save(self.tmp / f"{side}.offsets.npy", offsets)
+            (self.tmp / f"{side}.bin").unlink()
+        meta = {"size": len(self.lengths["src"]), "vocab_size": self.vocab_size, "dtype": np.dtype(self.dtype).name}
+        (self.tmp / "meta.json").write_text(json.dumps(meta))
+        for f in self.tmp.iterdir():
+            with open(f, "rb") as handle:
+                os.fsync(handle.fileno())
+        if self.path.exists():
+            shutil.rmtree(self.path)
+        os.replace(self.tmp, self.path)
+        return TokenStore(self.path)
+
+
+def write_token_store(path: str | os.PathLike, pairs: Iterable[tuple[Sequence[int], Sequence[int]]],
+                      vocab_size: int) -> "TokenStore":
+    writer = TokenStoreWriter(path, vocab_size)
+    try:
+        for src, tgt in pairs:
+            writer.add(src, tgt)
+    except BaseException:
+        for f in writer.files.values():
+            f.close()
+        shutil.rmtree(writer.tmp, ignore_errors=True)
+        raise
+    return writer.close()
+
+
+class TokenStore:
+    """Read-only memory-mapped parallel corpus of token ids (no BOS/EOS stored)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        meta_file = self.path / "meta.json"
+        if not meta_file.is_file():
+            raise FileNotFoundError(f"{self.path} is not a token store (no meta.json)")
+        self.meta = json.loads(meta_file.read_text())
+        self.tokens = {s: np.load(self.path / f"{s}.tokens.npy", mmap_mode="r") for s in SIDES}
+        self.offsets = {s: np.load(self.path / f"{s}.offsets.npy") for s in SIDES}
+        self.lengths = {s: np.diff(self.offsets[s]) for s in SIDES}
+
+    def __len__(self) -> int:
+        return int(self.meta["size"])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.meta["vocab_size"])
+
+    def ids(self, side: str, index: int) -> np.ndarray:
+        start, end = self.offsets[side][index], self.offsets[side][index + 1]
+        return np.asarray(self.tokens[side][start:end], dtype=np.int64)
+
+    def pair(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.ids("src", index), self.ids("tgt", index)
+
+    def num_tokens(self, side: str = "tgt") -> int:
+        return int(self.offsets[side][-1])
+
+
+@dataclass
+class Batch:
+    """A padded training batch.
+
+    src: (B, S) source ids followed by EOS; tgt_in: (B, T) BOS + target; tgt_out: (B, T) target + EOS.
+    """
+
+    src: Tensor
+    tgt_in: Tensor
+    tgt_out: Tensor
+
+    @property
+    def n_target_tokens(self) -> int:
+        return int(self.tgt_out.ne(PAD_ID).sum())
+
+    def to(self, device: torch.device | str) -> "Batch":
+        return Batch(*(t.to(device, non_blocking=True) for t in (self.src, self.tgt_in, self.tgt_out)))
+
+
+def _pad(rows: list[np.ndarray], pad_multiple: int) -> Tensor:
+    width = max(len(r) for r in rows)
+    width = -(-width // pad_multiple) * pad_multiple
+    out = np.full((len(rows), width), PAD_ID, dtype=np.int64)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+    return torch.from_numpy(out)
+
+
+def collate(store: TokenStore, indices: Sequence[int], pad_multiple: int = 1) -> Batch:
+    """Build a ``Batch`` of the given pairs; lengths are padded up to a multiple of ``pad_multiple``."""
+    eos, bos = np.array([EOS_ID]), np.array([BOS_ID])
+    src, tin, tout = [], [], []
+    for i in indices:
+        s, t = store.pair(int(i))
+        src.append(np.concatenate([s, eos]))
+        tin.append(np.concatenate([bos, t]))
+        tout.append(np.concatenate([t, eos]))
+    return Batch(_pad(src, pad_multiple), _pad(tin, pad_multiple), _pad(tout, pad_multiple))
+
+
+class TokenBatchSampler:
+    """Batches of pairs with similar lengths, each holding at most ``max_tokens`` padded
+    tokens on its longer side (the paper: ~25000 source and target tokens per batch, §5.1).
+
+    Pairs are sorted by length with a seeded random tie-break, cut into batches, and the
+    batch order is shuffled; everything is a function of (seed, epoch), so a run can resume
+    at batch i of epoch e exactly. With ``world_size`` > 1 each rank takes every
+    world_size-th batch (DistributedSampler's convention).
+    """
+
+    def __init__(self, src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int, *,
+                 seed: int = 0, shuffle: bool = True, rank: int = 0, world_size: int = 1,
+                 max_positions: int | None = None) -> None:
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+        # +1 for the EOS/BOS each side gains in ``collate``.
+        self.src_lengths = np.asarray(src_lengths) + 1
+        self.tgt_lengths = np.asarray(tgt_lengths) + 1
+        self.max_tokens, self.seed, self.shuffle = max_tokens, seed, shuffle
+        self.rank, self.world_size = rank, world_size
+        longest = np.maximum(self.src_lengths, self.tgt_lengths)
+        keep = longest <= max_tokens
+        if max_positions is not None:
+            keep &= longest <= max_positions
+        self.indices = np.nonzero(keep)[0]
+        self.skipped = int((~keep).sum())
+
+    def batches(self, epoch: int) -> list[np.ndarray]:
+        """All batches of ``epoch`` for this rank, in training order."""
+        rng = np.random.default_rng([self.seed, epoch])
+        idx = self.indices
+        if self.shuffle:
+            idx = idx[rng.permutation(len(idx))]
+        order = np.lexsort((self.src_lengths[idx], self.tgt_lengths[idx]))  # by target, then source length
+        idx = idx[order]
+        longest = np.maximum(self.src_lengths[idx], self.tgt_lengths[idx])
+        batches, start, width = [], 0, 0
+        for i, length in enumerate(longest):
+            width = max(width, int(length))
+            if width * (i + 1 - start) > self.max_tokens:
+                batches.append(idx[start:i])
+                start, width = i, int(length)
+        if start < len(idx):
+            batches.append(idx[start:])
+        if self.shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        if self.world_size > 1:
+            usable = len(batches) - len(batches) % self.world_size
+            batches = batches[self.rank:usable:self.world_size]
+        return batches
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return iter(self.batches(0))

@@ -1,0 +1,40 @@
+"""Device and numeric precision choices for training and inference."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def default_device() -> torch.device:
+    """CUDA when present, else CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def cpu_supports_bf16() -> bool:
+    """True where oneDNN has fast bf16 kernels (AVX512-BF16 or AMX)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def check_precision(precision: str, device: torch.device) -> None:
+    """Raise ``ValueError`` for a precision this device cannot run, before any work."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"train.precision must be one of {PRECISIONS}, got {precision!r}")
+    if device.type == "cpu" and precision == "fp16":
+        raise ValueError("train.precision fp16 needs a GPU; on CPU use bf16 or fp32")
+    if device.type == "cuda" and precision == "bf16" and not torch.cuda.is_bf16_supported():
+        raise ValueError("train.precision bf16 is not supported by this GPU; use fp16 or fp32")
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """Mixed precision for the forward pass: weights and optimiser stay in float32."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)

@@ -1,0 +1,161 @@
+"""Decoding (§6.1): greedy search and batched beam search with the GNMT length penalty.
+
+Both reuse the encoder output and the decoder's key/value cache: every step runs the
+decoder on one new position per hypothesis. Shape key: B sentences, K beam size, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .model import AttentionWeights, Transformer
+from .tokens import BOS_ID, EOS_ID
+
+
+@dataclass
+class SearchResult:
+    """Best hypothesis per sentence (ids without BOS/EOS) and its score.
+
+    Greedy scores are summed log-probabilities; beam scores are divided by the length penalty.
+    """
+
+    hypotheses: list[list[int]]
+    scores: list[float]
+
+
+def length_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
+    """GNMT length penalty (Wu et al., 2016), used in §6.1: ((5 + |Y|) / 6) ** alpha."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def _max_lengths(src_mask: Tensor, max_len_b: int, max_positions: int) -> Tensor:
+    """Per sentence: source length + max_len_b (§6.1: "input length + 50"), within the model's positions."""
+    return (src_mask.flatten(1).sum(-1) + max_len_b).clamp(max=max_positions)
+
+
+def _strip(ids: list[int], eos_id: int, pad_id: int) -> list[int]:
+    out = []
+    for token in ids:
+        if token == eos_id:
+            break
+        if token != pad_id:
+            out.append(token)
+    return out
+
+
+@torch.no_grad()
+def greedy_search(model: Transformer, src: Tensor, *, max_len_b: int = 50,
+                  bos_id: int = BOS_ID, eos_id: int = EOS_ID) -> SearchResult:
+    """Pick the most probable token at every step. src (B, S) -> one hypothesis per sentence."""
+    model.eval()
+    memory, src_mask = model.encode(src)
+    max_lens = _max_lengths(src_mask, max_len_b, model.config.max_positions)
+    b = src.size(0)
+    cache = model.new_cache()
+    last = src.new_full((b, 1), bos_id)
+    finished = torch.zeros(b, dtype=torch.bool, device=src.device)
+    scores = torch.zeros(b, device=src.device)
+    steps = []
+    for t in range(int(max_lens.max())):
+        lprobs = torch.log_softmax(model.decode(last, memory, src_mask, cache)[:, -1].float(), dim=-1)
+        at_limit = t + 1 >= max_lens
+        lprobs[at_limit] = torch.where(
+            torch.arange(lprobs.size(-1), device=src.device) == eos_id, 0.0, float("-inf"))
+        token = lprobs.argmax(-1)
+        scores += torch.where(finished, 0.0, lprobs.gather(-1, token[:, None]).squeeze(-1))
+        token = token.masked_fill(finished, eos_id)
+        steps.append(token)
+        finished |= token == eos_id
+        if bool(finished.all()):
+            break
+        last = token[:, None]
+    ids = torch.stack(steps, dim=1).tolist()
+    return SearchResult([_strip(row, eos_id, model.config.pad_id) for row in ids], scores.tolist())
+
+
+@torch.no_grad()
+def beam_search(model: Transformer, src: Tensor, *, beam_size: int = 4, alpha: float = 0.6,
+                max_len_b: int = 50, bos_id: int = BOS_ID, eos_id: int = EOS_ID) -> SearchResult:
+    """Batched beam search (§6.1: beam 4, alpha 0.6) returning the best hypothesis per sentence.
+
+    Finished hypotheses are scored log P(Y|X) / lp(|Y|), |Y| counting the EOS. A sentence
+    stops once it has ``beam_size`` finished hypotheses (or reaches its maximum length) and
+    is then dropped from the batch, so later steps only compute live sentences.
+    """
+    model.eval()
+    k = beam_size
+    memory, src_mask = model.encode(src)
+    n_sent, device = src.size(0), src.device
+    max_lens = _max_lengths(src_mask, max_len_b, model.config.max_positions)
+    longest = int(max_lens.max())
+    rows = torch.arange(n_sent, device=device).repeat_interleave(k)
+    memory, src_mask, max_lens = memory[rows], src_mask[rows], max_lens[rows]
+
+    active = torch.arange(n_sent, device=device)  # original index of each live sentence
+    fin_scores = torch.full((n_sent, k), float("-inf"), device=device)
+    fin_tokens = torch.full((n_sent, k, longest), model.config.pad_id, dtype=torch.long, device=device)
+    beam_scores = torch.full((n_sent, k), float("-inf"), device=device)
+    beam_scores[:, 0] = 0.0  # all beams start identical: expand only the first
+    tokens = src.new_full((n_sent * k, 1), bos_id)
+    cache = model.new_cache()
+    vocab = model.config.vocab_size
+    is_eos_column = torch.arange(vocab, device=device) == eos_id
+
+    for t in range(longest):
+        n = active.numel()
+        lprobs = torch.log_softmax(model.decode(tokens[:, -1:], memory, src_mask, cache)[:, -1].float(), -1)
+        at_limit = t + 1 >= max_lens
+        lprobs[at_limit] = torch.where(is_eos_column, 0.0, float("-inf"))
+        cand = (beam_scores.unsqueeze(-1) + lprobs.view(n, k, vocab)).view(n, k * vocab)
+        top_scores, top_index = cand.topk(2 * k, dim=-1)  # (n, 2K), best first
+        top_beam, top_token = top_index // vocab, top_index % vocab
+        is_eos = top_token == eos_id
+
+        # Finish EOS candidates among the best K, merged with earlier finished ones.
+        new_fin = torch.where(is_eos[:, :k], top_scores[:, :k] / length_penalty(t + 1, alpha), float("-inf"))
+        prefix = tokens.view(n, k, t + 1)[:, :, 1:].gather(1, top_beam[:, :k, None].expand(-1, -1, t))
+        new_tokens = torch.full((n, k, longest), model.config.pad_id, dtype=torch.long, device=device)
+        new_tokens[:, :, :t] = prefix
+        new_tokens[:, :, t] = eos_id
+        merged_scores = torch.cat([fin_scores[active], new_fin], dim=1)
+        merged_tokens = torch.cat([fin_tokens[active], new_tokens], dim=1)
+        best, order = merged_scores.topk(k, dim=1)
+        fin_scores[active] = best
+        fin_tokens[active] = merged_tokens.gather(1, order[:, :, None].expand(-1, -1, longest))
+
+        # The best K candidates that do not end in EOS continue.
+        alive_scores, alive_pos = top_scores.masked_fill(is_eos, float("-inf")).topk(k, dim=1)
+        beam_scores = alive_scores
+        source_rows = (torch.arange(n, device=device)[:, None] * k + top_beam.gather(1, alive_pos)).view(-1)
+        tokens = torch.cat([tokens[source_rows], top_token.gather(1, alive_pos).view(-1, 1)], dim=1)
+        for c in cache.self_attn:
+            c.reorder(source_rows)
+
+        done = fin_scores[active, k - 1] > float("-inf")
+        if bool(done.all()):
+            break
+        if bool(done.any()):
+            keep = (~done).nonzero().squeeze(-1)
+            keep_rows = (keep[:, None] * k + torch.arange(k, device=device)).view(-1)
+            active, beam_scores = active[keep], beam_scores[keep]
+            tokens, memory, src_mask, max_lens = (tokens[keep_rows], memory[keep_rows],
+                                                  src_mask[keep_rows], max_lens[keep_rows])
+            cache.reorder(keep_rows)
+
+    best = fin_tokens[:, 0].tolist()
+    return SearchResult([_strip(row, eos_id, model.config.pad_id) for row in best], fin_scores[:, 0].tolist())
+
+
+@torch.no_grad()
+def attention_weights(model: Transformer, src: Tensor, hypothesis: list[int],
+                      bos_id: int = BOS_ID) -> AttentionWeights:
+    """Attention of every layer and head for one source (1, S) and its translation, by a
+    teacher-forced pass over [BOS] + hypothesis: encoder self, decoder self and cross attention."""
+    model.eval()
+    tgt_in = torch.tensor([[bos_id, *hypothesis]], dtype=torch.long, device=src.device)
+    weights = AttentionWeights()
+    model(src, tgt_in, weights)
+    return weights

@@ -1,0 +1,82 @@
+"""SentencePiece tokenizer with the package's fixed special-token ids.
+
+The paper (§5.1) encodes sentences with byte-pair encoding and a shared source-target
+vocabulary; SentencePiece BPE trained on both sides gives exactly that.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import sentencepiece as spm
+
+from .tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+
+class Tokenizer:
+    """Encode text to ids and decode ids to text with a SentencePiece model."""
+
+    def __init__(self, model_file: str | os.PathLike) -> None:
+        model_file = Path(model_file)
+        if not model_file.is_file():
+            raise FileNotFoundError(f"tokenizer model {model_file} does not exist")
+        self.model_file = model_file
+        self.sp = spm.SentencePieceProcessor(model_file=str(model_file))
+        ids = (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id())
+        if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+            raise ValueError(f"{model_file} has special ids {ids}, expected {(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.sp.get_piece_size()
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        return self.sp.encode(list(texts), out_type=int)
+
+    def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
+        return self.sp.decode([list(i) for i in ids])
+
+    def pieces(self, text: str) -> list[str]:
+        return self.sp.encode(text, out_type=str)
+
+
+def train_tokenizer(texts: Iterable[str], model_file: str | os.PathLike, vocab_size: int, *,
+                    model_type: str = "bpe", character_coverage: float = 1.0,
+                    input_sentence_size: int = 2_000_000, seed: int = 1, num_threads: int = 2) -> Tokenizer:
+    """Train a joint SentencePiece model on ``texts`` and write ``model_file`` atomically.
+
+    ``input_sentence_size`` sentences are sampled from large corpora (shuffled with ``seed``).
+    Raises ``ValueError`` when the corpus cannot support ``vocab_size`` pieces.
+    """
+    model_file = Path(model_file)
+    model_file.parent.mkdir(parents=True, exist_ok=True)
+    spm.set_random_generator_seed(seed)
+    tmp = Path(tempfile.mkdtemp(prefix=".spm.", dir=model_file.parent))
+    try:
+        model = io.BytesIO()
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size,
+                model_type=model_type, character_coverage=character_coverage,
+                input_sentence_size=input_sentence_size, shuffle_input_sentence=True,
+                pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+                num_threads=num_threads, minloglevel=2, hard_vocab_limit=True,
+            )
+        except RuntimeError as err:
+            if "Vocabulary size too high" in str(err) or "vocab_size" in str(err):
+                raise ValueError(f"tokenizer.vocab_size {vocab_size} is larger than this corpus supports: {err}") from None
+            raise
+        staged = tmp / model_file.name
+        with open(staged, "wb") as f:
+            f.write(model.getvalue())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(staged, model_file)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return Tokenizer(model_file)

@@ -1,0 +1,399 @@
+"""Training loop (§5): token-count batches, Adam with warm-up, label smoothing, checkpoints.
+
+The Trainer knows nothing of trackers: the pipeline observes it through ``TrainerCallback``.
+It runs on CUDA when present, else CPU, and under ``torchrun`` (DDP) without change.
+Resume is exact: model, optimiser, schedule, RNG states and the position in the data
+are all in the checkpoint, and the data order is a pure function of (seed, epoch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import signal
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .checkpoint import load_checkpoint, load_state, save_checkpoint
+from .data import TokenBatchSampler, TokenStore, collate
+from .loss import label_smoothed_cross_entropy
+from .model import Transformer
+from .precision import autocast, check_precision, default_device
+from .schedule import make_optimizer, make_scheduler
+
+CHECKPOINT_PATTERN = re.compile(r"checkpoint_(\d+)\.pt$")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Training hyper-parameters. ``max_tokens`` counts padded tokens per batch per device;
+    an update is ``update_freq`` batches (gradient accumulation)."""
+
+    max_tokens: int = 4096
+    update_freq: int = 1
+    warmup_steps: int = 4000
+    lr_scale: float = 1.0
+    label_smoothing: float = 0.1
+    clip_norm: float = 0.0
+    weight_decay: float = 0.0
+    max_steps: int = 0
+    max_epochs: int = 0
+    max_minutes: float = 0.0
+    precision: str = "fp32"
+    seed: int = 1
+    log_every: int = 50
+    validate_every: int = 0
+    checkpoint_every_steps: int = 1000
+    checkpoint_every_minutes: float = 0.0
+    keep_checkpoints: int = 5
+    pad_multiple: int = 8
+    compile: bool = False
+    nan_policy: str = "skip"
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        for name in ("max_tokens", "update_freq", "warmup_steps", "log_every", "keep_checkpoints", "pad_multiple"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"train.{name} must be a positive integer, got {value!r}")
+        for name in ("max_steps", "max_epochs", "validate_every", "checkpoint_every_steps", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"train.{name} must be a non-negative integer, got {value!r}")
+        for name in ("lr_scale", "clip_norm", "weight_decay", "max_minutes", "checkpoint_every_minutes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"train.{name} must be a non-negative number, got {value!r}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"train.label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
+        if not (self.max_steps or self.max_epochs or self.max_minutes):
+            raise ValueError("train needs a limit: set train.max_steps, train.max_epochs or train.max_minutes")
+        if self.nan_policy not in ("skip", "stop"):
+            raise ValueError(f"train.nan_policy must be 'skip' or 'stop', got {self.nan_policy!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"train.device must be auto, cpu or cuda, got {self.device!r}")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown train key(s): {', '.join(unknown)}")
+        return cls(**values)
+
+
+class TrainerCallback:
+    """Hooks the pipeline uses to observe training; every method is optional."""
+
+    def on_train_start(self, trainer: "Trainer") -> None: ...
+    def on_log(self, step: int, metrics: dict[str, float]) -> None: ...
+    def on_validate(self, step: int, metrics: dict[str, float]) -> None: ...
+    def on_checkpoint(self, step: int, path: Path) -> None: ...
+    def on_train_end(self, trainer: "Trainer") -> None: ...
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Extra (plain) values to store in each checkpoint, e.g. a tracking run id."""
+        return {}
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or infinite and ``nan_policy`` is ``stop``."""
+
+
+def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
+    """Checkpoints in ``directory``, oldest (lowest step) first."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := CHECKPOINT_PATTERN.search(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def _distributed() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class Trainer:
+    """Trains a ``Transformer`` on a ``TokenStore`` (§5)."""
+
+    def __init__(self, model: Transformer, config: TrainConfig, train_data: TokenStore, *,
+                 valid_data: TokenStore | None = None, checkpoint_dir: str | os.PathLike | None = None,
+                 callbacks: list[TrainerCallback] | None = None) -> None:
+        self.config = config
+        self.device = default_device() if config.device == "auto" else torch.device(config.device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("train.device is cuda but no GPU is visible")
+        check_precision(config.precision, self.device)
+        self.rank, self.world_size = _distributed()
+        if self.device.type == "cuda" and self.world_size > 1:
+            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+            torch.cuda.set_device(self.device)
+        torch.manual_seed(config.seed)
+        self.model = model.to(self.device)
+        self.pad_id = model.config.pad_id
+        self.train_data, self.valid_data = train_data, valid_data
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
+        self.callbacks = callbacks or []
+        self.optimizer = make_optimizer(model.parameters(), weight_decay=config.weight_decay)
+        self.scheduler = make_scheduler(self.optimizer, model.config.d_model, config.warmup_steps, config.lr_scale)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=config.precision == "fp16" and self.device.type == "cuda")
+        self.sampler = TokenBatchSampler(
+            train_data.lengths["src"], train_data.lengths["tgt"], config.max_tokens, seed=config.seed,
+            rank=self.rank, world_size=self.world_size, max_positions=model.config.max_positions)
+        self.forward_model: nn.Module = model
+        if self.world_size > 1:
+            self.forward_model = nn.parallel.DistributedDataParallel(
+                model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        if config.compile:
+            self.forward_model = torch.compile(self.forward_model, dynamic=True)
+        self.step = 0
+        self.epoch = 0
+        self.batch_in_epoch = 0
+        self.elapsed_seconds = 0.0  # training wall time across resumes
+        self.stop_requested = False
+        self.last_valid: dict[str, float] = {}
+        self.last_valid_step = -1
+
+    # ----------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {}
+        for cb in self.callbacks:
+            extra.update(cb.checkpoint_state())
+        return {
+            "model_config": self.model.config.to_dict(),
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "train_config": asdict(self.config),
+            "step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+            "elapsed_seconds": self.elapsed_seconds,
+            "rng_cpu": torch.get_rng_state(),
+            "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "callbacks": extra,
+        }
+
+    def load_state_dict(self, state: dict[str, Any], source: str = "checkpoint") -> None:
+        load_state(self.model, state["model"], source)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
+        self.elapsed_seconds = state["elapsed_seconds"]
+        torch.set_rng_state(state["rng_cpu"])
+        if torch.cuda.is_available() and state["rng_cuda"]:
+            torch.cuda.set_rng_state_all(state["rng_cuda"])
+
+    def resume(self) -> dict[str, Any] | None:
+        """Load the newest checkpoint of ``checkpoint_dir``, if any; returns its callback state."""
+        if self.checkpoint_dir is None:
+            return None
+        checkpoints = list_checkpoints(self.checkpoint_dir)
+        if not checkpoints:
+            return None
+        state = load_checkpoint(checkpoints[-1], map_location=self.device)
+        if state["model_config"] != self.model.config.to_dict():
+            diff = {k: (state["model_config"].get(k), v) for k, v in self.model.config.to_dict().items()
+                    if state["model_config"].get(k) != v}
+            raise ValueError(f"{checkpoints[-1]} was trained with another model config "
+                             f"(checkpoint, now): {diff}; delete {self.checkpoint_dir} to start over")
+        self.load_state_dict(state, str(checkpoints[-1]))
+        return state.get("callbacks", {})
+
+    def checkpoint_path(self, step: int) -> Path:
+        assert self.checkpoint_dir is not None
+        return self.checkpoint_dir / f"checkpoint_{step:08d}.pt"
+
+    def save(self) -> Path | None:
+        """Write checkpoint_<step>.pt atomically (rank 0 only) and keep the newest K."""
+        if self.checkpoint_dir is None or self.rank != 0:
+            return None
+        path = self.checkpoint_path(self.step)
+        save_checkpoint(path, self.state_dict())
+        for old in list_checkpoints(self.checkpoint_dir)[:-self.config.keep_checkpoints]:
+            old.unlink(missing_ok=True)
+        for cb in self.callbacks:
+            cb.on_checkpoint(self.step, path)
+        return path
+
+    # -------------------------------------------------------------- training
+    def _done(self, started: float) -> bool:
+        c = self.config
+        elapsed = self.elapsed_seconds + time.monotonic() - started
+        return (self.stop_requested or (c.max_steps and self.step >= c.max_steps)
+                or (c.max_epochs and self.epoch >= c.max_epochs)
+                or (c.max_minutes and elapsed >= 60 * c.max_minutes))
+
+    def _updates(self):
+        """Yield the batches (index arrays) of each update, from the saved data position on."""
+        while True:
+            batches = self.sampler.batches(self.epoch)
+            usable = len(batches) - len(batches) % self.config.update_freq
+            while self.batch_in_epoch < usable:
+                group = batches[self.batch_in_epoch:self.batch_in_epoch + self.config.update_freq]
+                self.batch_in_epoch += self.config.update_freq
+                yield group
+                if self.batch_in_epoch >= usable:
+                    break
+            self.epoch += 1
+            self.batch_in_epoch = 0
+            yield None  # epoch boundary
+
+    def _request_stop(self, signum: int, frame: Any) -> None:
+        self.stop_requested = True
+
+    def train(self) -> dict[str, float]:
+        """Train until a limit is reached; returns the last validation metrics (if any)."""
+        c = self.config
+        handlers = {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                handlers[sig] = signal.signal(sig, self._request_stop)
+            except ValueError:  # not the main thread
+                pass
+        for cb in self.callbacks:
+            cb.on_train_start(self)
+        started = time.monotonic()
+        last_ckpt_time = time.monotonic()
+        window = {"loss": torch.zeros((), device=self.device), "nll": torch.zeros((), device=self.device),
+                  "tokens": 0, "steps": 0, "time": time.monotonic()}
+        grad_norm = torch.zeros(())
+        self.model.train()
+        try:
+            updates = self._updates()
+            while not self._done(started):
+                group = next(updates)
+                if group is None:
+                    if c.validate_every == 0:
+                        self._validate()
+                    continue
+                loss_sum, nll_sum, n_tokens, grad_norm, finite = self._update(group)
+                if not finite:
+                    if c.nan_policy == "stop":
+                        raise NonFiniteLossError(
+                            f"non-finite loss at step {self.step + 1}; the last good checkpoint is kept")
+                    continue
+                self.step += 1
+                window["loss"] += loss_sum
+                window["nll"] += nll_sum
+                window["tokens"] += n_tokens
+                window["steps"] += 1
+                if self.step % c.log_every == 0:
+                    self._log(window, grad_norm)
+                if c.validate_every and self.step % c.validate_every == 0:
+                    self._validate()
+                due_minutes = c.checkpoint_every_minutes and time.monotonic() - last_ckpt_time >= 60 * c.checkpoint_every_minutes
+                if (c.checkpoint_every_steps and self.step % c.checkpoint_every_steps == 0) or due_minutes:
+                    self.elapsed_seconds += time.monotonic() - started
+                    started = time.monotonic()
+                    self.save()
+                    last_ckpt_time = time.monotonic()
+            if window["steps"]:
+                self._log(window, grad_norm)
+            self.elapsed_seconds += time.monotonic() - started
+            started = time.monotonic()
+            if not self.stop_requested and self.last_valid_step != self.step:
+                self._validate()
+            if self.checkpoint_dir is None or not self.checkpoint_path(self.step).exists():
+                self.save()
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+        for cb in self.callbacks:
+            cb.on_train_end(self)
+        return self.last_valid
+
+    def _update(self, group: list) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, bool]:
+        """One optimiser step over ``update_freq`` batches, loss normalised by target tokens."""
+        c = self.config
+        batches = [collate(self.train_data, idx, c.pad_multiple) for idx in group]
+        n_tokens = sum(b.n_target_tokens for b in batches)
+        total_tokens = n_tokens
+        if self.world_size > 1:
+            count = torch.tensor([n_tokens], dtype=torch.float64, device=self.device)
+            dist.all_reduce(count)
+            total_tokens = int(count.item())
+        # DDP averages gradients over ranks; scale so the result is the mean over all tokens.
+        norm = self.world_size / max(total_tokens, 1)
+        loss_sum = torch.zeros((), device=self.device)
+        nll_sum = torch.zeros((), device=self.device)
+        for i, batch in enumerate(batches):
+            batch = batch.to(self.device)
+            sync = i == len(batches) - 1 or self.world_size == 1
+            ctx = self.forward_model.no_sync() if not sync and hasattr(self.forward_model, "no_sync") else contextlib.nullcontext()
+            with ctx:
+                with autocast(c.precision, self.device):
+                    logits = self.forward_model(batch.src, batch.tgt_in)
+                out = label_smoothed_cross_entropy(logits, batch.tgt_out, self.pad_id, c.label_smoothing)
+                self.scaler.scale(out.loss * norm).backward()
+            loss_sum += out.loss.detach()
+            nll_sum += out.nll
+        self.scaler.unscale_(self.optimizer)
+        max_norm = c.clip_norm if c.clip_norm > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        finite = bool(torch.isfinite(loss_sum)) and (self.scaler.is_enabled() or bool(torch.isfinite(grad_norm)))
+        if finite:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss_sum, nll_sum, n_tokens, grad_norm, finite
+
+    def _log(self, window: dict, grad_norm: torch.Tensor) -> None:
+        now = time.monotonic()
+        tokens = max(window["tokens"], 1)
+        nll = float(window["nll"]) / tokens
+        metrics = {
+            "train/loss": float(window["loss"]) / tokens,
+            "train/nll": nll,
+            "train/ppl": math.exp(min(nll, 50.0)),
+            "train/lr": self.scheduler.get_last_lr()[0],
+            "train/grad_norm": float(grad_norm),
+            "train/target_tokens_per_s": window["tokens"] * self.world_size / max(now - window["time"], 1e-9),
+            "train/epoch": float(self.epoch),
+        }
+        window.update(loss=torch.zeros((), device=self.device), nll=torch.zeros((), device=self.device),
+                      tokens=0, steps=0, time=now)
+        if self.rank == 0:
+            for cb in self.callbacks:
+                cb.on_log(self.step, metrics)
+
+    @torch.no_grad()
+    def evaluate_loss(self, data: TokenStore) -> dict[str, float]:
+        """Mean label-smoothed loss, NLL and perplexity per target token on ``data``."""
+        c = self.config
+        self.model.eval()
+        sampler = TokenBatchSampler(data.lengths["src"], data.lengths["tgt"], c.max_tokens, shuffle=False,
+                                    max_positions=self.model.config.max_positions)
+        loss = nll = 0.0
+        tokens = 0
+        for idx in sampler.batches(0):
+            batch = collate(data, idx, c.pad_multiple).to(self.device)
+            with autocast(c.precision, self.device):
+                logits = self.model(batch.src, batch.tgt_in)
+            out = label_smoothed_cross_entropy(logits, batch.tgt_out, self.pad_id, c.label_smoothing)
+            loss += float(out.loss)
+            nll += float(out.nll)
+            tokens += int(out.n_tokens)
+        self.model.train()
+        tokens = max(tokens, 1)
+        return {"valid/loss": loss / tokens, "valid/nll": nll / tokens, "valid/ppl": math.exp(min(nll / tokens, 50.0))}
+
+    def _validate(self) -> None:
+        if self.valid_data is None or self.rank != 0:
+            return
+        self.last_valid = self.evaluate_loss(self.valid_data)
+        self.last_valid_step = self.step
+        for cb in self.callbacks:
+            cb.on_validate(self.step, self.last_valid)
+
+
