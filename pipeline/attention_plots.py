@@ -24,14 +24,16 @@ def plot_layer(weights: Tensor, query_labels: list[str], key_labels: list[str], 
     heads = weights.size(0)
     cols = min(heads, 4)
     rows = math.ceil(heads / cols)
-    size = 0.28 * max(len(key_labels), len(query_labels)) + 1.5
-    fig, axes = plt.subplots(rows, cols, figsize=(cols * size, rows * size), squeeze=False)
+    width = min(0.25 * len(key_labels) + 1.2, 10.0)
+    height = min(0.25 * len(query_labels) + 1.2, 10.0)
+    fig, axes = plt.subplots(rows, cols, figsize=(cols * width, rows * height), squeeze=False)
     for h in range(rows * cols):
         ax = axes[h // cols][h % cols]
         if h >= heads:
             ax.axis("off")
             continue
-        ax.imshow(weights[h].float().numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+        # Each head on its own scale: diffuse heads would otherwise look uniformly dark.
+        ax.imshow(weights[h].float().numpy(), cmap="viridis", vmin=0.0, aspect="auto")
         ax.set_title(f"head {h + 1}", fontsize=8)
         ax.set_xticks(range(len(key_labels)), key_labels, rotation=90, fontsize=6)
         ax.set_yticks(range(len(query_labels)), query_labels, fontsize=6)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,7 +170,7 @@ SECTIONS: dict[str, type] = {
 
 def _check_type(key: str, value: Any, annotation: Any) -> Any:
     """Check ``value`` against a field annotation; ints are accepted where floats are expected."""
-    hint = annotation if not isinstance(annotation, str) else eval(annotation, vars(typing), {})  # noqa: S307
+    hint = annotation
     origin = typing.get_origin(hint)
     if origin in (list,):
         (item,) = typing.get_args(hint)
@@ -251,9 +250,13 @@ def load_params(path: str | os.PathLike = PARAMS_FILE) -> Params:
 
 
 def run_stage(main: Callable[[], None]) -> None:
-    """Run a stage's ``main``; a ``ParamsError`` (or other user error) prints one line and exits 2."""
+    """Run a stage's ``main``; a user error (bad params, bad data, unusable checkpoint) prints
+    one line and exits 2, without a traceback."""
+    from pipeline.datasets import DataError
+    from transformer.checkpoint import CheckpointError
+
     try:
         main()
-    except ParamsError as err:
+    except (ParamsError, DataError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

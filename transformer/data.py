@@ -160,7 +160,7 @@ class TokenBatchSampler:
 
     def __init__(self, src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int, *,
                  seed: int = 0, shuffle: bool = True, rank: int = 0, world_size: int = 1,
-                 max_positions: int | None = None) -> None:
+                 max_positions: int | None = None, pad_multiple: int = 1) -> None:
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be positive, got {max_tokens}")
         # +1 for the EOS/BOS each side gains in ``collate``.
@@ -169,7 +169,9 @@ class TokenBatchSampler:
         self.max_tokens, self.seed, self.shuffle = max_tokens, seed, shuffle
         self.rank, self.world_size = rank, world_size
         longest = np.maximum(self.src_lengths, self.tgt_lengths)
-        keep = longest <= max_tokens
+        # The width a pair forces on its batch once ``collate`` pads to ``pad_multiple``.
+        self.widths = -(-longest // pad_multiple) * pad_multiple
+        keep = self.widths <= max_tokens
         if max_positions is not None:
             keep &= longest <= max_positions
         self.indices = np.nonzero(keep)[0]
@@ -183,7 +185,7 @@ class TokenBatchSampler:
             idx = idx[rng.permutation(len(idx))]
         order = np.lexsort((self.src_lengths[idx], self.tgt_lengths[idx]))  # by target, then source length
         idx = idx[order]
-        longest = np.maximum(self.src_lengths[idx], self.tgt_lengths[idx])
+        longest = self.widths[idx]
         batches, start, width = [], 0, 0
         for i, length in enumerate(longest):
             width = max(width, int(length))

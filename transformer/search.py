@@ -49,31 +49,38 @@ def _strip(ids: list[int], eos_id: int, pad_id: int) -> list[int]:
 @torch.no_grad()
 def greedy_search(model: Transformer, src: Tensor, *, max_len_b: int = 50,
                   bos_id: int = BOS_ID, eos_id: int = EOS_ID) -> SearchResult:
-    """Pick the most probable token at every step. src (B, S) -> one hypothesis per sentence."""
+    """Pick the most probable token at every step. src (B, S) -> one hypothesis per sentence.
+
+    Sentences that emitted EOS are dropped from the batch, so later steps only compute live ones.
+    """
     model.eval()
     memory, src_mask = model.encode(src)
     max_lens = _max_lengths(src_mask, max_len_b, model.config.max_positions)
-    b = src.size(0)
+    b, device = src.size(0), src.device
+    longest = int(max_lens.max())
+    out = torch.full((b, longest), model.config.pad_id, dtype=torch.long, device=device)
+    scores = torch.zeros(b, device=device)
+    active = torch.arange(b, device=device)  # original index of each live sentence
     cache = model.new_cache()
     last = src.new_full((b, 1), bos_id)
-    finished = torch.zeros(b, dtype=torch.bool, device=src.device)
-    scores = torch.zeros(b, device=src.device)
-    steps = []
-    for t in range(int(max_lens.max())):
+    is_eos_column = torch.arange(model.config.vocab_size, device=device) == eos_id
+    for t in range(longest):
         lprobs = torch.log_softmax(model.decode(last, memory, src_mask, cache)[:, -1].float(), dim=-1)
-        at_limit = t + 1 >= max_lens
-        lprobs[at_limit] = torch.where(
-            torch.arange(lprobs.size(-1), device=src.device) == eos_id, 0.0, float("-inf"))
-        token = lprobs.argmax(-1)
-        scores += torch.where(finished, 0.0, lprobs.gather(-1, token[:, None]).squeeze(-1))
-        token = token.masked_fill(finished, eos_id)
-        steps.append(token)
-        finished |= token == eos_id
-        if bool(finished.all()):
+        at_limit = t + 1 >= max_lens  # only EOS may follow; it keeps its own log-probability
+        lprobs[at_limit] = lprobs[at_limit].masked_fill(~is_eos_column, float("-inf"))
+        best, token = lprobs.max(dim=-1)
+        out[active, t] = token
+        scores[active] += best
+        live = token != eos_id
+        if not bool(live.any()):
             break
+        if not bool(live.all()):
+            keep = live.nonzero().squeeze(-1)
+            active, token, memory, src_mask, max_lens = (active[keep], token[keep], memory[keep],
+                                                         src_mask[keep], max_lens[keep])
+            cache.reorder(keep)
         last = token[:, None]
-    ids = torch.stack(steps, dim=1).tolist()
-    return SearchResult([_strip(row, eos_id, model.config.pad_id) for row in ids], scores.tolist())
+    return SearchResult([_strip(row, eos_id, model.config.pad_id) for row in out.tolist()], scores.tolist())
 
 
 @torch.no_grad()
@@ -82,8 +89,9 @@ def beam_search(model: Transformer, src: Tensor, *, beam_size: int = 4, alpha: f
     """Batched beam search (§6.1: beam 4, alpha 0.6) returning the best hypothesis per sentence.
 
     Finished hypotheses are scored log P(Y|X) / lp(|Y|), |Y| counting the EOS. A sentence
-    stops once it has ``beam_size`` finished hypotheses (or reaches its maximum length) and
-    is then dropped from the batch, so later steps only compute live sentences.
+    stops once it has ``beam_size`` finished hypotheses that its best live hypothesis could
+    not beat at its current length (or at its maximum length), and is then dropped from the
+    batch, so later steps only compute live sentences.
     """
     model.eval()
     k = beam_size
@@ -107,8 +115,8 @@ def beam_search(model: Transformer, src: Tensor, *, beam_size: int = 4, alpha: f
     for t in range(longest):
         n = active.numel()
         lprobs = torch.log_softmax(model.decode(tokens[:, -1:], memory, src_mask, cache)[:, -1].float(), -1)
-        at_limit = t + 1 >= max_lens
-        lprobs[at_limit] = torch.where(is_eos_column, 0.0, float("-inf"))
+        at_limit = t + 1 >= max_lens  # only EOS may follow; it keeps its own log-probability
+        lprobs[at_limit] = lprobs[at_limit].masked_fill(~is_eos_column, float("-inf"))
         cand = (beam_scores.unsqueeze(-1) + lprobs.view(n, k, vocab)).view(n, k * vocab)
         top_scores, top_index = cand.topk(2 * k, dim=-1)  # (n, 2K), best first
         top_beam, top_token = top_index // vocab, top_index % vocab
@@ -134,7 +142,11 @@ def beam_search(model: Transformer, src: Tensor, *, beam_size: int = 4, alpha: f
         for c in cache.self_attn:
             c.reorder(source_rows)
 
-        done = fin_scores[active, k - 1] > float("-inf")
+        # Done: K finished hypotheses, none of which the best live one could still beat at its
+        # current length (the stopping rule of Hugging Face's beam search; fairseq's "K finished"
+        # alone can stop before the best path ends when weak beams finish first).
+        worst_finished = fin_scores[active, k - 1]
+        done = (worst_finished > float("-inf")) & (worst_finished >= beam_scores[:, 0] / length_penalty(t + 1, alpha))
         if bool(done.all()):
             break
         if bool(done.any()):

@@ -9,6 +9,7 @@ are all in the checkpoint, and the data order is a pure function of (seed, epoch
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import os
 import re
@@ -30,6 +31,22 @@ from .precision import autocast, check_precision, default_device
 from .schedule import make_optimizer, make_scheduler
 
 CHECKPOINT_PATTERN = re.compile(r"checkpoint_(\d+)\.pt$")
+# TrainConfig fields that may change between a checkpoint and its resumption.
+RESUMABLE_CHANGES = {"max_steps", "max_epochs", "max_minutes", "log_every", "validate_every",
+                     "checkpoint_every_steps", "checkpoint_every_minutes", "keep_checkpoints", "device",
+                     "compile", "nan_policy"}
+
+
+def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """Flattened keys whose values differ between two nested dicts."""
+    out: dict[str, tuple[Any, Any]] = {}
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out.update(_differences(a, b, f"{prefix}{key}."))
+        elif a != b:
+            out[f"{prefix}{key}"] = (a, b)
+    return out
 
 
 @dataclass(frozen=True)
@@ -54,7 +71,7 @@ class TrainConfig:
     checkpoint_every_steps: int = 1000
     checkpoint_every_minutes: float = 0.0
     keep_checkpoints: int = 5
-    pad_multiple: int = 8
+    pad_multiple: int = 1
     compile: bool = False
     nan_policy: str = "skip"
     device: str = "auto"
@@ -148,7 +165,8 @@ class Trainer:
         self.scaler = torch.amp.GradScaler("cuda", enabled=config.precision == "fp16" and self.device.type == "cuda")
         self.sampler = TokenBatchSampler(
             train_data.lengths["src"], train_data.lengths["tgt"], config.max_tokens, seed=config.seed,
-            rank=self.rank, world_size=self.world_size, max_positions=model.config.max_positions)
+            rank=self.rank, world_size=self.world_size, max_positions=model.config.max_positions,
+            pad_multiple=config.pad_multiple)
         self.forward_model: nn.Module = model
         if self.world_size > 1:
             self.forward_model = nn.parallel.DistributedDataParallel(
@@ -180,6 +198,7 @@ class Trainer:
             "rng_cpu": torch.get_rng_state(),
             "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
             "callbacks": extra,
+            "fingerprint": self.fingerprint(),
         }
 
     def load_state_dict(self, state: dict[str, Any], source: str = "checkpoint") -> None:
@@ -189,23 +208,46 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
         self.elapsed_seconds = state["elapsed_seconds"]
-        torch.set_rng_state(state["rng_cpu"])
+        # load_checkpoint maps every tensor to the training device; RNG states must be CPU tensors.
+        torch.set_rng_state(state["rng_cpu"].cpu())
         if torch.cuda.is_available() and state["rng_cuda"]:
-            torch.cuda.set_rng_state_all(state["rng_cuda"])
+            torch.cuda.set_rng_state_all([s.cpu() for s in state["rng_cuda"]])
 
-    def resume(self) -> dict[str, Any] | None:
-        """Load the newest checkpoint of ``checkpoint_dir``, if any; returns its callback state."""
+    def fingerprint(self) -> dict[str, Any]:
+        """What fixes the training trajectory: model and training settings and the data.
+
+        Limits (max_steps, max_epochs, max_minutes), logging and checkpoint intervals are left
+        out: raising a limit and resuming gives the same result as training longer from scratch.
+        """
+        train = {k: v for k, v in asdict(self.config).items() if k not in RESUMABLE_CHANGES}
+        data = hashlib.sha1(self.train_data.offsets["src"].tobytes() + self.train_data.offsets["tgt"].tobytes())
+        return {"model": self.model.config.to_dict(), "train": train, "world_size": self.world_size,
+                "data": f"{len(self.train_data)}:{data.hexdigest()}"}
+
+    def resume(self, on_change: str = "error") -> dict[str, Any] | None:
+        """Load the newest checkpoint of ``checkpoint_dir``, if any; returns its callback state.
+
+        When that checkpoint was made with another model, settings or data (see
+        ``fingerprint``), ``on_change="error"`` raises ``ValueError`` naming the differences and
+        ``on_change="restart"`` deletes the old checkpoints and returns None (a fresh start).
+        """
         if self.checkpoint_dir is None:
             return None
         checkpoints = list_checkpoints(self.checkpoint_dir)
         if not checkpoints:
             return None
         state = load_checkpoint(checkpoints[-1], map_location=self.device)
-        if state["model_config"] != self.model.config.to_dict():
-            diff = {k: (state["model_config"].get(k), v) for k, v in self.model.config.to_dict().items()
-                    if state["model_config"].get(k) != v}
-            raise ValueError(f"{checkpoints[-1]} was trained with another model config "
-                             f"(checkpoint, now): {diff}; delete {self.checkpoint_dir} to start over")
+        changes = _differences(state.get("fingerprint", {}), self.fingerprint())
+        if changes:
+            described = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in list(changes.items())[:6])
+            if on_change != "restart":
+                raise ValueError(f"{checkpoints[-1]} was trained with other settings ({described}); "
+                                 f"delete {self.checkpoint_dir} to start over")
+            print(f"settings changed since {checkpoints[-1].name} ({described}): starting a new training",
+                  flush=True)
+            for old in checkpoints:
+                old.unlink()
+            return None
         self.load_state_dict(state, str(checkpoints[-1]))
         return state.get("callbacks", {})
 
@@ -373,7 +415,7 @@ class Trainer:
         c = self.config
         self.model.eval()
         sampler = TokenBatchSampler(data.lengths["src"], data.lengths["tgt"], c.max_tokens, shuffle=False,
-                                    max_positions=self.model.config.max_positions)
+                                    max_positions=self.model.config.max_positions, pad_multiple=c.pad_multiple)
         loss = nll = 0.0
         tokens = 0
         for idx in sampler.batches(0):

@@ -3,29 +3,38 @@
 from __future__ import annotations
 
 import argparse
+import time
+from typing import Any
 
-from pipeline import paths
+from pipeline import paths, tracking
 from pipeline.params import ParamsError, load_params, run_stage
 from transformer.checkpoint import average_checkpoints, save_checkpoint
 from transformer.trainer import list_checkpoints
 
 
-def average(last_n: int) -> list[str]:
+def average(last_n: int) -> dict[str, Any]:
+    """The averaged model checkpoint of the newest ``last_n`` checkpoints."""
     checkpoints = list_checkpoints(paths.CHECKPOINT_DIR)
     if not checkpoints:
         raise ParamsError(f"no checkpoints in {paths.CHECKPOINT_DIR}: run the train stage first")
-    chosen = checkpoints[-last_n:]
-    averaged = average_checkpoints(chosen)
-    # The newest checkpoint's extra state (e.g. the tracking run) travels with the model.
-    save_checkpoint(paths.AVERAGED_MODEL, averaged)
-    return [str(p) for p in chosen]
+    return average_checkpoints(checkpoints[-last_n:])
 
 
 def main() -> None:
     argparse.ArgumentParser(description=__doc__).parse_args()
     params = load_params()
-    chosen = average(params.average.last_n)
-    print(f"averaged {len(chosen)} checkpoint(s) into {paths.AVERAGED_MODEL}: {', '.join(chosen)}")
+    start = time.monotonic()
+    averaged = average(params.average.last_n)
+    section = {k: v for k, v in params.flat().items() if k.startswith("average.")}
+    run_id = tracking.stage_run(averaged["callbacks"].get(tracking.RUN_ID_KEY), params.tracking.experiment,
+                                section, "average")
+    # The model file names the run that evaluate logs into (the training run or its child).
+    averaged["callbacks"][tracking.RUN_ID_KEY] = run_id or ""
+    save_checkpoint(paths.AVERAGED_MODEL, averaged)
+    print(f"averaged {len(averaged['averaged_from'])} checkpoint(s) into {paths.AVERAGED_MODEL}: "
+          f"{', '.join(averaged['averaged_from'])}")
+    tracking.log_metrics(run_id, {"time/average_seconds": time.monotonic() - start,
+                                  "average/checkpoints_used": len(averaged["averaged_from"])})
 
 
 if __name__ == "__main__":

@@ -9,15 +9,11 @@ misaligned or invalid files) prints one ``error: ...`` line to stderr and exits 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
-from pipeline.datasets import DataError, prepare_corpus
+from pipeline import paths
+from pipeline.datasets import prepare_corpus
 from pipeline.params import load_params, run_stage
-
-OUT_DIR = Path("data/corpus")
-CACHE_DIR = Path("data/cache")
 
 
 def format_table(stats: dict[str, Any]) -> str:
@@ -30,21 +26,11 @@ def format_table(stats: dict[str, Any]) -> str:
     return "\n".join(f"{r[0]!s:<{width}}" + "".join(f"{v!s:>10}" for v in r[1:]) for r in rows)
 
 
-def _run() -> None:
-    params = load_params()
-    data = params.data
-    stats = prepare_corpus(data, OUT_DIR, CACHE_DIR)
-    print(f"{stats['dataset']} {data.pair} -> {OUT_DIR}/")
-    print(format_table(stats))
-
-
 def main() -> None:
-    """Run the stage; a ``DataError`` prints one line and exits 2 (``run_stage`` does ParamsError)."""
-    try:
-        _run()
-    except DataError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    data = load_params().data
+    stats = prepare_corpus(data, paths.CORPUS_DIR, paths.DOWNLOAD_CACHE)
+    print(f"{stats['dataset']} {data.pair} -> {paths.CORPUS_DIR}/")
+    print(format_table(stats))
 
 
 if __name__ == "__main__":

@@ -11,12 +11,12 @@ from typing import Any
 import sacrebleu
 import torch
 
-from pipeline import paths
+from pipeline import paths, tracking
 from pipeline.attention_plots import plot_attention
 from pipeline.io import read_lines, write_json, write_lines
 from pipeline.params import Params, ParamsError, load_params, run_stage
 from pipeline.translation import Translator
-from transformer.checkpoint import load_model
+from transformer.checkpoint import load_checkpoint, load_model
 from transformer.precision import default_device
 from transformer.search import attention_weights
 from transformer.tokenizer import Tokenizer
@@ -57,6 +57,7 @@ def draw_attention(translator: Translator, sources: list[str], count: int,
 
 
 def evaluate(params: Params) -> dict[str, dict[str, Any]]:
+    start_all = time.monotonic()
     translator = load_translator(params)
     data = params.data
     metrics: dict[str, dict[str, Any]] = {}
@@ -78,7 +79,32 @@ def evaluate(params: Params) -> dict[str, dict[str, Any]]:
             draw_attention(translator, sources, params.evaluate.attention_sentences,
                            paths.ATTENTION_DIR)
     write_json(paths.METRICS, metrics)
+    track(params, metrics, time.monotonic() - start_all)
     return metrics
+
+
+def track(params: Params, metrics: dict[str, dict[str, Any]], seconds: float) -> None:
+    """Log scores, attention maps, translations and the registered pyfunc model into the run."""
+    from pipeline.mlflow_model import log_translator
+
+    run_id = load_checkpoint(paths.AVERAGED_MODEL).get("callbacks", {}).get(tracking.RUN_ID_KEY)
+    section = {k: v for k, v in params.flat().items() if k.startswith("evaluate.")}
+    run_id = tracking.stage_run(run_id, params.tracking.experiment, section, "evaluate")
+    if run_id is None:
+        return
+    values = {"time/evaluate_seconds": seconds}
+    for test_set, m in metrics.items():
+        values.update({f"test/{test_set}/bleu": m["bleu"], f"test/{test_set}/chrf": m["chrf"]})
+    tracking.log_metrics(run_id, values)
+    tracking.log_artifacts(run_id, [paths.ATTENTION_DIR], "attention")
+    tracking.log_artifacts(run_id, [paths.TRANSLATIONS_DIR], "translations")
+    tracking.log_artifacts(run_id, [Path("params.yaml"), Path("dvc.lock"), paths.METRICS], "run")
+    version = tracking._safe("model logging", log_translator, run_id, paths.AVERAGED_MODEL,
+                             paths.TOKENIZER_MODEL, params.tracking.registered_model,
+                             params.evaluate.beam_size, params.evaluate.alpha)
+    if version:
+        print(f"MLflow: registered model {params.tracking.registered_model!r} version {version} (run {run_id})")
+    tracking.finish_run(run_id)
 
 
 def main() -> None:

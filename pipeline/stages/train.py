@@ -15,9 +15,13 @@ from pipeline import paths
 from pipeline.curves import CurveWriter
 from pipeline.io import write_json
 from pipeline.params import ParamsError, load_params, run_stage
+from pipeline.tracking import MlflowCallback, run_tags
 from transformer.data import TokenStore
 from transformer.model import Transformer
 from transformer.trainer import Trainer, TrainerCallback
+
+
+TRACKED_SECTIONS = ("data", "tokenizer", "model", "train", "tracking")
 
 
 def train(callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
@@ -28,14 +32,21 @@ def train(callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
     torch.manual_seed(params.train.seed)
     model = Transformer(config)
     curves = CurveWriter(paths.TRAIN_CURVE, paths.VALID_CURVE)
+    tracked = {k: v for k, v in params.flat().items() if k.split(".")[0] in TRACKED_SECTIONS}
+    derived = {"parameters": model.num_parameters(), "vocab_size": config.vocab_size,
+               "train_pairs": len(train_data), "train_target_tokens": train_data.num_tokens("tgt")}
     try:
         trainer = Trainer(model, params.train, train_data, valid_data=valid_data,
                           checkpoint_dir=paths.CHECKPOINT_DIR, callbacks=[curves, *(callbacks or [])])
     except ValueError as err:
         raise ParamsError(f"params.yaml: {err}") from None
-    restored = trainer.resume()
+    mlflow_cb = MlflowCallback(params.tracking.experiment, tracked, derived,
+                               run_tags(params.data.dataset, params.data.pair, str(trainer.device)))
+    trainer.callbacks.append(mlflow_cb)
+    restored = trainer.resume(on_change="restart")
     if restored is not None:
         curves.restore(restored)
+        mlflow_cb.restore(restored)
         print(f"resuming from step {trainer.step} (epoch {trainer.epoch})", flush=True)
     print(f"model: {model.num_parameters():,} parameters, vocabulary {config.vocab_size}, "
           f"{len(train_data):,} training pairs, device {trainer.device}, precision {params.train.precision}",

@@ -8,6 +8,12 @@ import torch
 
 from transformer.attention import KVCache, MultiHeadAttention, scaled_dot_product_attention
 
+@pytest.fixture(autouse=True)
+def _no_grad():
+    with torch.no_grad():
+        yield
+
+
 # A hand example: T=2 queries, S=3 keys, d=2.
 Q = [[1.0, 0.0], [0.0, 1.0]]
 K = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]

@@ -9,6 +9,12 @@ from transformer.config import build_config
 from transformer.layers import DecoderLayer, EncoderLayer, FeedForward, Residual
 
 
+@pytest.fixture(autouse=True)
+def _no_grad():
+    with torch.no_grad():
+        yield
+
+
 @pytest.mark.parametrize("activation,fn", [("relu", F.relu), ("gelu", F.gelu)])
 def test_feed_forward_is_eq_2(activation, fn):
     ffn = FeedForward(build_config("tiny", 10, activation=activation))

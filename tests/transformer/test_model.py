@@ -13,7 +13,7 @@ from .conftest import pad_batch, tiny_model
 
 
 def max_diff(a, b):
-    return float((a - b).abs().max())
+    return float((a - b).detach().abs().max())
 
 
 def test_forward_shapes(model):
@@ -184,3 +184,18 @@ def test_big_parameter_count():
     n = big.num_parameters()
     assert 213_000_000 <= n <= 215_000_000
     assert n == expected_parameters(37000, 1024, 4096, 6, 6) == 214_245_376
+
+
+def test_dropout_is_active_only_in_training():
+    model = tiny_model(dropout=0.3)
+    src = pad_batch([[5, 6, 7, 8]])
+    tgt = torch.tensor([[BOS_ID, 5, 6]])
+    model.train()
+    torch.manual_seed(1)
+    a = model(src, tgt)
+    b = model(src, tgt)
+    torch.manual_seed(1)
+    c = model(src, tgt)
+    assert torch.equal(a, c) and max_diff(a, b) > 1e-3
+    model.eval()
+    assert torch.equal(model(src, tgt), model(src, tgt))

@@ -1,0 +1,208 @@
+"""Decoding speed: our cached beam search against a cache-free one and against CTranslate2.
+
+Three decoders translate the same source sentences with beam 4 (§6.1) on the same weights:
+
+(a) ours: ``transformer.search.beam_search``, batched, with the decoder's key/value cache
+    (one new position per hypothesis and step), through ``pipeline.translation.Translator``;
+(b) naive: the same search and batching, but every step re-runs ``model.decode`` without a
+    cache on the whole target prefix (and, as ``model.decode`` does, projects every position
+    onto the vocabulary); the encoder still runs once per batch. Same algorithm, same
+    outputs (up to float rounding): the ratio isolates what the cache saves;
+(c) CTranslate2 fp32 (``compute_type="float32"``) on the export of the same weights
+    (``pipeline.export``), with as many intra-op threads as torch uses (``--threads``). Its length penalty
+    is |Y| ** lp rather than GNMT's ((5 + |Y|) / 6) ** alpha, so a few outputs may differ.
+
+Speed is target tokens (hypothesis + EOS) per second. The model is ``--model`` and
+``--tokenizer`` when both exist; otherwise the ``small`` preset trained for
+``--train-seconds`` on Multi30k En-De (tokenizer trained first); otherwise a randomly
+initialised ``small`` model whose EOS embedding is zeroed so that every output runs to the
+length limit (a fixed length for the fixed-length synthetic sources), which is said in the
+output. The last two lines are ``ours_vs_ctranslate2=<x>`` and ``ratio=<ours / naive>``.
+
+    python bench/decode_speed.py [--sentences 200] [--train-seconds 60] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import ctranslate2
+import torch
+from torch import Tensor, nn
+
+from pipeline.export import build_spec, export_ctranslate2, sentencepiece_vocabulary
+from pipeline.translation import Translator
+from transformer.checkpoint import load_model
+from transformer.config import build_config
+from transformer.data import write_token_store
+from transformer.model import Transformer
+from transformer.tokenizer import Tokenizer, train_tokenizer
+from transformer.tokens import EOS_ID
+from transformer.trainer import TrainConfig, Trainer
+
+MULTI30K = Path("/work/shared/data/multi30k/data/task1/raw")
+
+
+class PrefixCache:
+    """Stands in for ``DecoderCache``: keeps the whole target prefix instead of keys and values."""
+
+    def __init__(self) -> None:
+        self.prefix: Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.prefix is None else self.prefix.size(1)
+
+    @property
+    def self_attn(self) -> list["PrefixCache"]:
+        return [self]  # the search reorders each layer's self-attention cache: here, the prefix
+
+    def append(self, tokens: Tensor) -> Tensor:
+        self.prefix = tokens if self.prefix is None else torch.cat([self.prefix, tokens], dim=1)
+        return self.prefix
+
+    def reorder(self, index: Tensor) -> None:
+        self.prefix = self.prefix.index_select(0, index)
+
+
+class NaiveDecoder(nn.Module):
+    """``model`` with a cache-free ``decode``: each step re-runs the decoder on the whole prefix."""
+
+    def __init__(self, model: Transformer) -> None:
+        super().__init__()
+        self.model, self.config = model, model.config
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        return self.model.encode(src)
+
+    def new_cache(self) -> PrefixCache:
+        return PrefixCache()
+
+    def decode(self, tgt: Tensor, memory: Tensor, src_mask: Tensor, cache: PrefixCache) -> Tensor:
+        return self.model.decode(cache.append(tgt), memory, src_mask)[:, -1:]
+
+
+def train_small(seconds: float, workdir: Path) -> tuple[Transformer, Tokenizer]:
+    """``small`` trained for ``seconds`` on Multi30k En-De with a fresh 8000-piece tokenizer."""
+    read = lambda name: gzip.open(MULTI30K / name, "rt", encoding="utf-8").read().splitlines()
+    en, de = read("train.en.gz"), read("train.de.gz")
+    tokenizer = train_tokenizer(en + de, workdir / "spm.model", vocab_size=8000)
+    store = write_token_store(workdir / "train", zip(tokenizer.encode(en), tokenizer.encode(de)),
+                              vocab_size=tokenizer.vocab_size)
+    torch.manual_seed(0)
+    model = Transformer(build_config("small", tokenizer.vocab_size))
+    config = TrainConfig(max_tokens=2048, warmup_steps=100, max_minutes=seconds / 60, checkpoint_every_steps=0,
+                         log_every=10_000, precision="fp32", device="cpu")
+    Trainer(model, config, store).train()
+    return model.eval(), tokenizer
+
+
+def load(args: argparse.Namespace, workdir: Path) -> tuple[Transformer, Tokenizer | None, str]:
+    """The model, its tokenizer (None for the random fallback) and a line saying which it is."""
+    if args.model.is_file() and args.tokenizer.is_file():
+        return load_model(args.model).eval(), Tokenizer(args.tokenizer), f"model: {args.model}"
+    if args.train_seconds > 0 and (MULTI30K / "train.en.gz").is_file():
+        started = time.perf_counter()
+        model, tokenizer = train_small(args.train_seconds, workdir)
+        return model, tokenizer, (f"model: small preset trained {time.perf_counter() - started:.0f} s "
+                                  f"on Multi30k En-De (no {args.model})")
+    torch.manual_seed(0)
+    model = Transformer(build_config("small", 8000)).eval()
+    with torch.no_grad():
+        model.output.weight[EOS_ID] = 0.0  # EOS logit 0, far below the best: outputs run to the limit
+    return model, None, "model: RANDOM small preset, EOS disabled: every output has the maximum length"
+
+
+def sources(args: argparse.Namespace, tokenizer: Tokenizer | None) -> list[list[int]]:
+    """The first ``--sentences`` sentences of ``--data`` as ids, or synthetic 14-piece ids."""
+    if tokenizer is not None and args.data.is_file():
+        with gzip.open(args.data, "rt", encoding="utf-8") as f:
+            lines = [line.rstrip("\n") for line, _ in zip(f, range(args.sentences))]
+        return tokenizer.encode(lines)
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(4, 8000, (args.sentences, 14), generator=g).tolist()
+
+
+def timed(decode: Callable[[Sequence[Sequence[int]]], list[list[int]]], ids: list[list[int]]
+          ) -> tuple[list[list[int]], float]:
+    """Outputs and target tokens per second (hypotheses + EOS), after a small warm-up."""
+    decode(ids[:8])
+    started = time.perf_counter()
+    out = decode(ids)
+    return out, sum(len(h) + 1 for h in out) / (time.perf_counter() - started)
+
+
+def ctranslate2_decoder(model: Transformer, tokenizer: Tokenizer | None, workdir: Path, args: argparse.Namespace
+                        ) -> Callable[[Sequence[Sequence[int]]], list[list[int]]]:
+    """CTranslate2 beam search on ``model``'s weights exported with ``pipeline.export``."""
+    path = workdir / "ct2"
+    if tokenizer is not None:
+        export_ctranslate2(model, tokenizer.model_file, path)
+        vocab = sentencepiece_vocabulary(tokenizer.model_file)
+    else:  # random fallback: no tokenizer, the pieces are only names for the ids
+        vocab = ["<pad>", "<unk>", "<s>", "</s>", *(f"t{i}" for i in range(4, model.config.vocab_size))]
+        spec = build_spec(model, vocab)
+        spec.optimize()
+        path.mkdir()
+        spec.save(str(path))
+    translator = ctranslate2.Translator(str(path), device="cpu", compute_type="float32",
+                                        intra_threads=torch.get_num_threads(), inter_threads=1)
+    index = {piece: i for i, piece in enumerate(vocab)}
+    limit = min(args.max_len_b, model.config.max_positions - 1)
+
+    def decode(ids: Sequence[Sequence[int]]) -> list[list[int]]:
+        results = translator.translate_batch(
+            [[vocab[t] for t in s] for s in ids], max_batch_size=args.batch_sentences, beam_size=args.beam,
+            length_penalty=args.alpha, min_decoding_length=0,
+            max_decoding_length=min(max(len(s) for s in ids) + limit, model.config.max_positions - 1))
+        return [[index[p] for p in r.hypotheses[0]] for r in results]
+    return decode
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=Path("models/model.pt"))
+    parser.add_argument("--tokenizer", type=Path, default=Path("data/tokenizer/spm.model"))
+    parser.add_argument("--data", type=Path, default=MULTI30K / "test_2016_flickr.en.gz")
+    parser.add_argument("--sentences", type=int, default=200)
+    parser.add_argument("--train-seconds", type=float, default=60.0)
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--alpha", type=float, default=0.6)
+    parser.add_argument("--max-len-b", type=int, default=50)
+    parser.add_argument("--batch-sentences", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch and CTranslate2 intra-op threads (default 1: on a small shared machine "
+                             "a second thread is often contended and makes timings erratic)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    with tempfile.TemporaryDirectory(prefix="decode_speed.") as tmp:
+        workdir = Path(tmp)
+        model, tokenizer, what = load(args, workdir)
+        ids = sources(args, tokenizer)
+        print(what)
+        print(f"{len(ids)} sentences, beam {args.beam}, {torch.get_num_threads()} threads, "
+              f"{sum(map(len, ids)) / len(ids):.1f} source pieces each")
+        options = dict(beam_size=args.beam, alpha=args.alpha, max_len_b=args.max_len_b,
+                       batch_sentences=args.batch_sentences)
+        ours, ours_speed = timed(Translator(model, tokenizer, **options).translate_ids, ids)
+        naive, naive_speed = timed(Translator(NaiveDecoder(model), tokenizer, **options).translate_ids, ids)
+        ct2_decode = ctranslate2_decoder(model, tokenizer, workdir, args)
+        ct2, ct2_speed = timed(ct2_decode, ids)
+
+    same = lambda other: sum(a == b for a, b in zip(ours, other)) / len(ours)
+    print(f"ours (KV cache)       {ours_speed:9.1f} target tokens/s  "
+          f"mean output {sum(map(len, ours)) / len(ours):.1f} pieces")
+    print(f"naive (no cache)      {naive_speed:9.1f} target tokens/s  same outputs as ours: {same(naive):.1%}")
+    print(f"CTranslate2 fp32      {ct2_speed:9.1f} target tokens/s  same outputs as ours: {same(ct2):.1%}")
+    print(f"ours_vs_ctranslate2={ours_speed / ct2_speed:.3f}")
+    print(f"ratio={ours_speed / naive_speed:.3f}")
+
+
+if __name__ == "__main__":
+    main()

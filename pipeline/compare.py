@@ -1,0 +1,114 @@
+"""Compare the runs of the experiment: best BLEU first, with the params that differ between them.
+
+    python -m pipeline.compare [--experiment NAME] [--metric test/test_2016_flickr/bleu]
+
+Prints a markdown table, writes it to ``reports/compare.md`` and draws the runs'
+validation perplexity curves into ``reports/compare_valid.png``. Built on
+``mlflow.search_runs`` and pandas.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import mlflow  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from pipeline import tracking  # noqa: E402
+from pipeline.io import atomic_write, write_text  # noqa: E402
+from pipeline.params import load_params  # noqa: E402
+
+REPORT = Path("reports/compare.md")
+PLOT = Path("reports/compare_valid.png")
+# Params that differ between every pair of runs and say nothing about the model.
+IGNORED_PARAMS = {"derived.train_target_tokens"}
+
+
+def runs_table(experiment: str, metric: str) -> tuple[pd.DataFrame, list[str]]:
+    """One row per run, best ``metric`` first; returns the table and the differing param names."""
+    tracking.client()
+    runs = mlflow.search_runs(experiment_names=[experiment], max_results=10_000)
+    if runs.empty:
+        return runs, []
+    param_cols = [c for c in runs.columns if c.startswith("params.") and c[7:] not in IGNORED_PARAMS]
+    differing = [c for c in param_cols if runs[c].fillna("∅").nunique() > 1]
+    metric_col = f"metrics.{metric}"
+    if metric_col not in runs.columns:
+        runs[metric_col] = float("nan")
+    runs = runs.sort_values(metric_col, ascending=False, na_position="last")
+    chrf_col = metric_col.replace("/bleu", "/chrf")
+    table = pd.DataFrame({
+        "run": runs["run_id"].str[:8],
+        "name": runs.get("tags.mlflow.runName", pd.Series("", index=runs.index)),
+        "status": runs["status"],
+        metric.split("/")[-1].upper() if metric.endswith("bleu") else metric: runs[metric_col].round(2),
+        "chrF": runs[chrf_col].round(2) if chrf_col in runs.columns else float("nan"),
+        "valid ppl": runs["metrics.valid/ppl"].round(2) if "metrics.valid/ppl" in runs.columns else float("nan"),
+    })
+    for col in differing:
+        table[col[len("params."):]] = runs[col]
+    return table.reset_index(drop=True), [c[len("params."):] for c in differing]
+
+
+def plot_curves(experiment: str, run_ids: list[str], labels: list[str], path: Path) -> bool:
+    """Validation perplexity against step, one line per run; False when no run has the curve."""
+    c = tracking.client()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    drawn = False
+    for run_id, label in zip(run_ids, labels):
+        history = c.get_metric_history(run_id, "valid/ppl")
+        if history:
+            history = sorted(history, key=lambda m: m.step)
+            ax.plot([m.step for m in history], [m.value for m in history], marker="o", ms=3, label=label)
+            drawn = True
+    if not drawn:
+        plt.close(fig)
+        return False
+    ax.set_xlabel("update step")
+    ax.set_ylabel("validation perplexity")
+    ax.set_yscale("log")
+    ax.set_title(f"{experiment}: validation curves")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    atomic_write(path, lambda f: f.write(buffer.getvalue()))
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--experiment", help="MLflow experiment (default: tracking.experiment of params.yaml)")
+    parser.add_argument("--metric", help="ranking metric (default: test/<first test set>/bleu)")
+    args = parser.parse_args()
+    params = load_params() if not (args.experiment and args.metric) else None
+    experiment = args.experiment or params.tracking.experiment
+    metric = args.metric or f"test/{params.data.test_sets[0]}/bleu"
+    table, differing = runs_table(experiment, metric)
+    if table.empty:
+        print(f"no runs in experiment {experiment!r} at {tracking.tracking_uri()}", file=sys.stderr)
+        sys.exit(1)
+    header = (f"# Runs of {experiment}, best {metric} first\n\n"
+              f"Params that differ between runs: {', '.join(differing) if differing else 'none'}\n\n")
+    markdown = header + table.to_markdown(index=False) + "\n"
+    print(markdown)
+    full_ids = mlflow.search_runs(experiment_names=[experiment])["run_id"].tolist()
+    by_prefix = {r[:8]: r for r in full_ids}
+    labels = [f"{row['run']} " + " ".join(f"{p}={row[p]}" for p in differing) for _, row in table.iterrows()]
+    if plot_curves(experiment, [by_prefix[r] for r in table["run"]], labels, PLOT):
+        markdown += f"\n![validation curves]({PLOT.name})\n"
+        print(f"validation curves: {PLOT}")
+    write_text(REPORT, markdown)
+    print(f"written: {REPORT}")
+
+
+if __name__ == "__main__":
+    main()

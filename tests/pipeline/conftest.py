@@ -1,0 +1,100 @@
+"""A real pipeline run for the stage, tracking and compare tests: ``dvc repro`` in a temporary
+git+DVC workspace on 300 Multi30k pairs from the mirror, with a tiny model, a real SQLite
+MLflow store and real sacrebleu."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+MIRROR = REPO.parent / "shared" / "data" / "multi30k"
+BIN = Path(sys.executable).parent
+needs_mirror = pytest.mark.skipif(not (MIRROR / "data/task1/raw/train.en.gz").is_file(),
+                                  reason=f"the Multi30k mirror is not at {MIRROR} (see shared/data/README.md)")
+
+TINY = {
+    "data": {"limit_train_pairs": 300},
+    "tokenizer": {"vocab_size": 400},
+    "model": {"preset": "tiny", "dropout": 0.1},
+    "train": {"max_epochs": 0, "max_steps": 40, "max_tokens": 1024, "warmup_steps": 10, "lr_scale": 1.0,
+              "checkpoint_every_steps": 10, "keep_checkpoints": 3, "log_every": 10, "validate_every": 20,
+              "precision": "fp32", "device": "cpu"},
+    "average": {"last_n": 3},
+    "evaluate": {"beam_size": 2, "max_len_b": 8, "batch_sentences": 250, "attention_sentences": 2},
+    "tracking": {"experiment": "test-experiment", "registered_model": "test-translator"},
+}
+
+
+@dataclass
+class Workspace:
+    path: Path
+    env: dict[str, str]
+    first_run: subprocess.CompletedProcess
+    second_repro: subprocess.CompletedProcess | None = None
+
+    def run(self, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+        return subprocess.run(list(args), cwd=self.path, env=self.env, capture_output=True, text=True,
+                              timeout=timeout)
+
+    def dvc(self, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+        return self.run(str(BIN / "dvc"), *args, timeout=timeout)
+
+    @property
+    def tracking_uri(self) -> str:
+        return self.env["MLFLOW_TRACKING_URI"]
+
+
+def tiny_params(overrides: dict | None = None) -> dict:
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    for section, values in {**TINY, **(overrides or {})}.items():
+        params[section] = {**params.get(section, {}), **values}
+    return params
+
+
+def make_workspace(root: Path, params: dict) -> tuple[Path, dict[str, str]]:
+    """A git + DVC repository holding the project's code, dvc.yaml and the given params."""
+    root.mkdir(parents=True, exist_ok=True)
+    for item in ("pipeline", "transformer"):
+        shutil.copytree(REPO / item, root / item, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "dvc.yaml", root / "dvc.yaml")
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_", "PARAMS_FILE"))}
+    env.update(PYTHONPATH=str(root), DATA_MIRROR=str(MIRROR), PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+               MLFLOW_TRACKING_URI=f"sqlite:///{root / 'mlflow.db'}", GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t",
+               GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t", OMP_NUM_THREADS="1")
+    for cmd in (["git", "init", "-q", "-b", "main"], [str(BIN / "dvc"), "init", "-q"],
+                [str(BIN / "dvc"), "config", "core.analytics", "false"],
+                ["git", "add", "-A"], ["git", "commit", "-qm", "workspace"]):
+        subprocess.run(cmd, cwd=root, env=env, check=True, capture_output=True)
+    return root, env
+
+
+@pytest.fixture(scope="session")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Workspace:
+    """The whole pipeline, run once for the session with ``dvc repro``."""
+    if not (MIRROR / "data/task1/raw/train.en.gz").is_file():
+        pytest.skip(f"the Multi30k mirror is not at {MIRROR}")
+    path, env = make_workspace(tmp_path_factory.mktemp("pipeline") / "repo", tiny_params())
+    ws = Workspace(path, env, None)  # type: ignore[arg-type]
+    ws.first_run = ws.dvc("repro", timeout=600)
+    assert ws.first_run.returncode == 0, ws.first_run.stdout[-3000:] + ws.first_run.stderr[-3000:]
+    ws.run("git", "add", "-A")
+    ws.run("git", "commit", "-qm", "first run")
+    ws.second_repro = ws.dvc("repro")
+    return ws
+
+
+@pytest.fixture(scope="session")
+def beam1_experiment(workspace: Workspace) -> subprocess.CompletedProcess:
+    """``dvc exp run -S evaluate.beam_size=1`` on top of the first run (greedy decoding)."""
+    result = workspace.dvc("exp", "run", "-S", "evaluate.beam_size=1", timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result

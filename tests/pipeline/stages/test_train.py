@@ -1,0 +1,77 @@
+"""pipeline/stages/train.py: checkpoints, curves and metrics; a killed run resumes instead of restarting."""
+
+import csv
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import yaml
+
+from transformer.checkpoint import load_checkpoint
+
+
+def rows(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_checkpoints_curves_and_metrics(workspace):
+    ckpts = sorted(p.name for p in (workspace.path / "models/checkpoints").glob("checkpoint_*.pt"))
+    assert ckpts == ["checkpoint_00000020.pt", "checkpoint_00000030.pt", "checkpoint_00000040.pt"]  # keep 3
+    train = rows(workspace.path / "reports/train_curve.csv")
+    assert [int(r["step"]) for r in train] == [10, 20, 30, 40]
+    assert {"loss", "nll", "ppl", "lr", "grad_norm", "target_tokens_per_s"} <= set(train[0])
+    assert float(train[-1]["loss"]) < float(train[0]["loss"])  # it learns
+    valid = rows(workspace.path / "reports/valid_curve.csv")
+    assert [int(r["step"]) for r in valid] == [20, 40]
+    metrics = json.loads((workspace.path / "reports/train_metrics.json").read_text())
+    assert metrics["steps"] == 40 and metrics["parameters"] > 0
+    state = load_checkpoint(workspace.path / "models/checkpoints/checkpoint_00000040.pt")
+    assert state["step"] == 40 and state["model_config"]["vocab_size"] == 400
+
+
+def test_killed_training_resumes_from_its_last_checkpoint(workspace, tmp_path):
+    """SIGKILL during training, run the stage again: it resumes from the newest checkpoint."""
+    copy = tmp_path / "repo"
+    shutil.copytree(workspace.path, copy, ignore=shutil.ignore_patterns("mlflow.db", "mlartifacts"))
+    params = yaml.safe_load((copy / "params.yaml").read_text())
+    params["train"].update(max_steps=100000, checkpoint_every_steps=5, keep_checkpoints=2, validate_every=0)
+    (copy / "params.yaml").write_text(yaml.safe_dump(params))
+    for old in (copy / "models/checkpoints").glob("*.pt"):
+        old.unlink()
+    env = {**workspace.env, "PYTHONPATH": str(copy), "MLFLOW_TRACKING_URI": f"sqlite:///{copy / 'mlflow.db'}"}
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.stages.train"], cwd=copy, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list((copy / "models/checkpoints").glob("checkpoint_0000002*.pt")):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    saved = sorted((copy / "models/checkpoints").glob("checkpoint_*.pt"))
+    assert saved, "no checkpoint was written before the kill"
+    last_step = int(saved[-1].stem.split("_")[1])
+    assert last_step >= 20
+    params["train"]["max_steps"] = last_step + 5
+    (copy / "params.yaml").write_text(yaml.safe_dump(params))
+    again = subprocess.run([sys.executable, "-m", "pipeline.stages.train"], cwd=copy, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"resuming from step {last_step}" in again.stdout
+    assert json.loads((copy / "reports/train_metrics.json").read_text())["steps"] == last_step + 5
+
+
+def test_bad_params_stop_before_any_work(workspace, tmp_path):
+    copy = tmp_path / "repo"
+    shutil.copytree(workspace.path / "data", copy / "data")
+    params = yaml.safe_load((workspace.path / "params.yaml").read_text())
+    params["train"]["max_tokens"] = -5
+    (copy / "params.yaml").write_text(yaml.safe_dump(params))
+    result = subprocess.run([sys.executable, "-m", "pipeline.stages.train"], cwd=copy, env=workspace.env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: params.yaml: train.max_tokens must be a positive integer, got -5"]
+    assert not (copy / "models").exists()

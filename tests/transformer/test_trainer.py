@@ -1,0 +1,259 @@
+"""transformer/trainer.py: learning, exact resume in a fresh process, checkpoints, limits."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from transformer.checkpoint import load_checkpoint
+from transformer.data import TokenBatchSampler, collate, write_token_store
+from transformer.loss import label_smoothed_cross_entropy
+from transformer.schedule import inverse_sqrt_lr
+from transformer.search import greedy_search
+from transformer.tokens import BOS_ID, EOS_ID, PAD_ID
+from transformer.trainer import NonFiniteLossError, TrainConfig, Trainer, TrainerCallback, list_checkpoints
+
+from .conftest import pad_batch, tiny_model
+
+REPO = Path(__file__).resolve().parents[2]
+HELPER = Path(__file__).resolve().with_name("trainer_run.py")
+
+
+def random_pairs(n, vocab=30, max_len=8, seed=0):
+    rng = np.random.default_rng(seed)
+    return [(rng.integers(4, vocab, size=rng.integers(1, max_len + 1)).tolist(),
+             rng.integers(4, vocab, size=rng.integers(1, max_len + 1)).tolist()) for _ in range(n)]
+
+
+@pytest.fixture
+def store(tmp_path):
+    return write_token_store(tmp_path / "train", random_pairs(40), vocab_size=30)
+
+
+def config(**overrides):
+    values = dict(max_tokens=60, warmup_steps=4, max_steps=3, checkpoint_every_steps=0, precision="fp32",
+                  device="cpu", log_every=1000, pad_multiple=1)
+    return TrainConfig(**{**values, **overrides})
+
+
+class Recorder(TrainerCallback):
+    def __init__(self):
+        self.logs, self.checkpoints, self.validations, self.events = [], [], [], []
+
+    def on_train_start(self, trainer):
+        self.events.append("start")
+
+    def on_log(self, step, metrics):
+        self.logs.append((step, metrics))
+
+    def on_validate(self, step, metrics):
+        self.validations.append((step, metrics))
+
+    def on_checkpoint(self, step, path):
+        self.checkpoints.append((step, path))
+
+    def on_train_end(self, trainer):
+        self.events.append("end")
+
+    def checkpoint_state(self):
+        return {"run_id": "abc"}
+
+
+# ------------------------------------------------------------------ learning
+def test_tiny_model_learns_copy_task(copy_task):
+    """Trainer + eq. 3 schedule + label smoothing: >= 99% token accuracy on held-out sentences."""
+    model, sentences = copy_task.model, copy_task.held_out
+    assert len(sentences) >= 190 and copy_task.seconds < 30
+    src = pad_batch(sentences)
+    # Greedy decoding, a wrong length counting as errors on the missing/extra tokens.
+    hypotheses = greedy_search(model, src).hypotheses
+    correct = sum(sum(a == b for a, b in zip(h, s)) for h, s in zip(hypotheses, sentences))
+    total = sum(max(len(h), len(s)) for h, s in zip(hypotheses, sentences))
+    assert correct / total >= 0.99
+    # Teacher-forced accuracy, EOS included.
+    tgt_in = pad_batch([[BOS_ID, *s] for s in sentences], eos=False)
+    tgt_out = pad_batch(sentences)
+    with torch.no_grad():
+        predicted = model(src, tgt_in).argmax(-1)
+    real = tgt_out != PAD_ID
+    assert float((predicted == tgt_out)[real].float().mean()) >= 0.99
+
+
+# -------------------------------------------------------------------- resume
+def run_helper(store_path, checkpoint_dir, max_steps, every, resume=False):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    args = [sys.executable, str(HELPER), str(store_path), str(checkpoint_dir), str(max_steps), str(every)]
+    done = subprocess.run(args + (["--resume"] if resume else []), env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_resume_in_a_fresh_process_is_exact(tmp_path):
+    n_steps, every = 14, 6
+    store = write_token_store(tmp_path / "train", random_pairs(40, seed=1), vocab_size=30)
+    n_batches = len(TokenBatchSampler(store.lengths["src"], store.lengths["tgt"], 60, seed=7,
+                                      max_positions=256).batches(0))
+    assert every % n_batches and n_steps > n_batches + every  # save mid-epoch, cross an epoch after it
+
+    whole = run_helper(store.path, tmp_path / "whole", n_steps, every)
+    stopped = run_helper(store.path, tmp_path / "resumed", every, every)
+    assert stopped["step"] == every
+    assert [p.name for p in list_checkpoints(tmp_path / "resumed")] == ["checkpoint_00000006.pt"]
+    resumed = run_helper(store.path, tmp_path / "resumed", n_steps, every, resume=True)
+    assert whole == resumed and whole["step"] == n_steps and whole["epoch"] >= 1
+
+    a = load_checkpoint(tmp_path / "whole" / "checkpoint_00000014.pt")
+    b = load_checkpoint(tmp_path / "resumed" / "checkpoint_00000014.pt")
+    assert a["model"].keys() == b["model"].keys()
+    for name in a["model"]:
+        assert torch.equal(a["model"][name], b["model"][name]), name
+    for pid, state in a["optimizer"]["state"].items():
+        for key, value in state.items():
+            assert torch.equal(value, b["optimizer"]["state"][pid][key]), (pid, key)
+    assert torch.equal(a["rng_cpu"], b["rng_cpu"])
+    assert a["scheduler"]["last_epoch"] == b["scheduler"]["last_epoch"] == n_steps
+    # The weights did move away from the step-6 checkpoint both runs share.
+    mid = load_checkpoint(tmp_path / "whole" / "checkpoint_00000006.pt")["model"]
+    assert not torch.equal(mid["output.weight"], a["model"]["output.weight"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_resume_on_cuda(store, tmp_path):
+    """resume() loads the checkpoint onto the GPU, RNG states included; torch.set_rng_state
+    and torch.cuda.set_rng_state_all accept CPU byte tensors only."""
+    cfg = dict(device="cuda", checkpoint_every_steps=2)
+    Trainer(tiny_model(vocab_size=30), config(max_steps=2, **cfg), store, checkpoint_dir=tmp_path / "c").train()
+    trainer = Trainer(tiny_model(vocab_size=30), config(max_steps=4, **cfg), store, checkpoint_dir=tmp_path / "c")
+    trainer.resume()
+    assert trainer.step == 2
+    trainer.train()
+    assert trainer.step == 4
+
+
+# ------------------------------------------------------- checkpoints, limits
+def test_checkpoints_callbacks_and_logged_rate(store, tmp_path):
+    recorder = Recorder()
+    trainer = Trainer(tiny_model(vocab_size=30), config(max_steps=7, checkpoint_every_steps=2, keep_checkpoints=2,
+                                                        log_every=3),
+                      store, checkpoint_dir=tmp_path / "ckpt", callbacks=[recorder])
+    trainer.train()
+    assert trainer.step == 7
+    assert [p.name for p in list_checkpoints(tmp_path / "ckpt")] == ["checkpoint_00000006.pt",
+                                                                    "checkpoint_00000007.pt"]
+    assert [s for s, _ in recorder.checkpoints] == [2, 4, 6, 7]
+    assert recorder.events == ["start", "end"]
+    assert [s for s, _ in recorder.logs] == [3, 6, 7]
+    step, metrics = recorder.logs[0]
+    # After 3 updates the scheduler holds the rate of update 4.
+    assert metrics["train/lr"] == pytest.approx(inverse_sqrt_lr(4, 32, 4), rel=1e-9)
+    assert metrics["train/ppl"] == pytest.approx(math.exp(metrics["train/nll"]), rel=1e-6)
+    assert metrics["train/loss"] > metrics["train/nll"] > 0  # label smoothing adds to the NLL
+    ckpt = load_checkpoint(tmp_path / "ckpt" / "checkpoint_00000007.pt")
+    assert ckpt["step"] == 7 and ckpt["callbacks"] == {"run_id": "abc"}
+    assert ckpt["train_config"]["max_steps"] == 7
+
+
+def test_resume_rejects_another_model_config(store, tmp_path):
+    Trainer(tiny_model(vocab_size=30), config(max_steps=2), store, checkpoint_dir=tmp_path / "c").train()
+    other = Trainer(tiny_model(vocab_size=30, d_ff=48), config(max_steps=4), store, checkpoint_dir=tmp_path / "c")
+    with pytest.raises(ValueError, match=r"other settings \(model\.d_ff: 64 -> 48"):
+        other.resume()
+    assert Trainer(tiny_model(vocab_size=30), config(), store).resume() is None  # no checkpoint_dir
+
+
+def test_resume_after_a_settings_change_restarts_or_continues(store, tmp_path):
+    """A changed learning rate starts over (on_change="restart"); a raised step limit continues."""
+    Trainer(tiny_model(vocab_size=30), config(max_steps=2), store, checkpoint_dir=tmp_path / "c").train()
+    longer = Trainer(tiny_model(vocab_size=30), config(max_steps=4), store, checkpoint_dir=tmp_path / "c")
+    assert longer.resume() is not None and longer.step == 2
+    changed = Trainer(tiny_model(vocab_size=30), config(max_steps=4, lr_scale=2.0), store,
+                      checkpoint_dir=tmp_path / "c")
+    with pytest.raises(ValueError, match=r"train\.lr_scale: 1\.0 -> 2\.0"):
+        changed.resume()
+    assert changed.resume(on_change="restart") is None and changed.step == 0
+    assert list_checkpoints(tmp_path / "c") == []
+
+
+def test_max_epochs_and_validation(store, tmp_path):
+    valid = write_token_store(tmp_path / "valid", random_pairs(10, seed=5), vocab_size=30)
+    recorder = Recorder()
+    trainer = Trainer(tiny_model(vocab_size=30), config(max_steps=0, max_epochs=2), store, valid_data=valid,
+                      callbacks=[recorder])
+    n_batches = len(trainer.sampler.batches(0))
+    trainer.train()
+    assert trainer.epoch == 2 and trainer.step == len(trainer.sampler.batches(1)) + n_batches
+    assert [s for s, _ in recorder.validations] == [n_batches, trainer.step]  # at each epoch's end
+    metrics = trainer.evaluate_loss(valid)
+    # evaluate_loss is the token-weighted mean of the label-smoothed loss over the valid set.
+    loss = nll = tokens = 0.0
+    trainer.model.eval()
+    with torch.no_grad():
+        for i in range(len(valid)):
+            batch = collate(valid, [i])
+            out = label_smoothed_cross_entropy(trainer.model(batch.src, batch.tgt_in), batch.tgt_out, PAD_ID, 0.1)
+            loss, nll, tokens = loss + float(out.loss), nll + float(out.nll), tokens + int(out.n_tokens)
+    assert metrics["valid/loss"] == pytest.approx(loss / tokens, rel=1e-4)
+    assert metrics["valid/nll"] == pytest.approx(nll / tokens, rel=1e-4)
+    assert metrics["valid/ppl"] == pytest.approx(math.exp(nll / tokens), rel=1e-4)
+
+
+def test_non_finite_loss(store):
+    model = tiny_model(vocab_size=30)
+    with torch.no_grad():
+        model.encoder_layers[0].ffn.linear1.weight[0, 0] = float("nan")
+    with pytest.raises(NonFiniteLossError, match="non-finite loss at step 1"):
+        Trainer(model, config(nan_policy="stop"), store).train()
+    trainer = Trainer(model, config(max_steps=0, max_epochs=1, nan_policy="skip"), store)
+    trainer.train()
+    assert trainer.step == 0 and trainer.epoch == 1  # every update skipped, none applied
+
+
+def test_stop_request_ends_training(store):
+    class StopAtTwo(TrainerCallback):
+        def __init__(self):
+            self.trainer = None
+
+        def on_train_start(self, trainer):
+            self.trainer = trainer
+
+        def on_log(self, step, metrics):
+            if step == 2:
+                self.trainer.stop_requested = True
+
+    trainer = Trainer(tiny_model(vocab_size=30), config(max_steps=50, log_every=1), store, callbacks=[StopAtTwo()])
+    trainer.train()
+    assert trainer.step == 2
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("max_tokens", 0, "train.max_tokens must be a positive integer"),
+    ("update_freq", 1.5, "train.update_freq must be a positive integer"),
+    ("max_steps", -1, "train.max_steps must be a non-negative integer"),
+    ("lr_scale", -1.0, "train.lr_scale must be a non-negative number"),
+    ("label_smoothing", 1.0, r"train.label_smoothing must be in \[0, 1\)"),
+    ("nan_policy", "ignore", "train.nan_policy"),
+    ("device", "tpu", "train.device"),
+])
+def test_train_config_validation(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        config(**{field: value})
+
+
+def test_train_config_needs_a_limit_and_known_keys():
+    with pytest.raises(ValueError, match="train needs a limit"):
+        TrainConfig()
+    with pytest.raises(ValueError, match="unknown train key.*epochs"):
+        TrainConfig.from_dict({"epochs": 3})
+    assert TrainConfig.from_dict({"max_steps": 5}).max_steps == 5
+
+
+def test_fp16_on_cpu_is_refused(store):
+    with pytest.raises(ValueError, match="fp16 needs a GPU"):
+        Trainer(tiny_model(vocab_size=30), config(precision="fp16"), store)
