@@ -120,6 +120,10 @@ class TrainerCallback:
         return {}
 
 
+class OutOfMemoryError(RuntimeError):
+    """A batch did not fit in memory; the message names the batch's size and the knob to turn."""
+
+
 class NonFiniteLossError(RuntimeError):
     """The loss became NaN or infinite and ``nan_policy`` is ``stop``."""
 
@@ -372,11 +376,18 @@ class Trainer:
             batch = batch.to(self.device)
             sync = i == len(batches) - 1 or self.world_size == 1
             ctx = self.forward_model.no_sync() if not sync and hasattr(self.forward_model, "no_sync") else contextlib.nullcontext()
-            with ctx:
-                with autocast(c.precision, self.device):
-                    logits = self.forward_model(batch.src, batch.tgt_in)
-                out = label_smoothed_cross_entropy(logits, batch.tgt_out, self.pad_id, c.label_smoothing)
-                self.scaler.scale(out.loss * norm).backward()
+            try:
+                with ctx:
+                    with autocast(c.precision, self.device):
+                        logits = self.forward_model(batch.src, batch.tgt_in)
+                    out = label_smoothed_cross_entropy(logits, batch.tgt_out, self.pad_id, c.label_smoothing)
+                    self.scaler.scale(out.loss * norm).backward()
+            except torch.OutOfMemoryError as err:
+                rows, width = batch.tgt_in.shape
+                raise OutOfMemoryError(
+                    f"out of memory on a batch of {rows} sentences x {max(width, batch.src.size(1))} tokens "
+                    f"(train.max_tokens={c.max_tokens}): lower train.max_tokens and raise train.update_freq "
+                    f"to keep the same tokens per update") from err
             loss_sum += out.loss.detach()
             nll_sum += out.nll
         self.scaler.unscale_(self.optimizer)

@@ -1,15 +1,21 @@
 """DVC stage 3: train the Transformer (§5) with the package's Trainer.
 
 Checkpoints go to a ``persist: true`` folder: when the stage is interrupted (killed,
-pre-empted) and run again, training resumes from the newest checkpoint.
+pre-empted) and run again, training resumes from the newest checkpoint. When the model,
+training settings or data changed since that checkpoint, training starts over instead.
+
+Several devices: ``torchrun --nproc_per_node=N -m pipeline.stages.train`` (NCCL on GPUs,
+gloo on CPUs); rank 0 writes checkpoints, curves and the MLflow run.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
+import torch.distributed as dist
 
 from pipeline import paths
 from pipeline.curves import CurveWriter
@@ -20,12 +26,19 @@ from transformer.data import TokenStore
 from transformer.model import Transformer
 from transformer.trainer import Trainer, TrainerCallback
 
-
 TRACKED_SECTIONS = ("data", "tokenizer", "model", "train", "tracking")
+
+
+def init_distributed() -> int:
+    """Join the process group torchrun describes (WORLD_SIZE > 1); returns this process's rank."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank() if dist.is_initialized() else 0
 
 
 def train(callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
     params = load_params()
+    rank = init_distributed()
     train_data = TokenStore(paths.token_store("train"))
     valid_data = TokenStore(paths.token_store(params.data.valid_set))
     config = params.model.config(train_data.vocab_size)
@@ -37,26 +50,31 @@ def train(callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
                "train_pairs": len(train_data), "train_target_tokens": train_data.num_tokens("tgt")}
     try:
         trainer = Trainer(model, params.train, train_data, valid_data=valid_data,
-                          checkpoint_dir=paths.CHECKPOINT_DIR, callbacks=[curves, *(callbacks or [])])
+                          checkpoint_dir=paths.CHECKPOINT_DIR, callbacks=list(callbacks or []))
     except ValueError as err:
         raise ParamsError(f"params.yaml: {err}") from None
     mlflow_cb = MlflowCallback(params.tracking.experiment, tracked, derived,
                                run_tags(params.data.dataset, params.data.pair, str(trainer.device)))
-    trainer.callbacks.append(mlflow_cb)
+    if rank == 0:
+        trainer.callbacks += [curves, mlflow_cb]
     restored = trainer.resume(on_change="restart")
     if restored is not None:
         curves.restore(restored)
         mlflow_cb.restore(restored)
         print(f"resuming from step {trainer.step} (epoch {trainer.epoch})", flush=True)
-    print(f"model: {model.num_parameters():,} parameters, vocabulary {config.vocab_size}, "
-          f"{len(train_data):,} training pairs, device {trainer.device}, precision {params.train.precision}",
-          flush=True)
+    if rank == 0:
+        print(f"model: {model.num_parameters():,} parameters, vocabulary {config.vocab_size}, "
+              f"{len(train_data):,} training pairs, device {trainer.device}, precision {params.train.precision}, "
+              f"{trainer.world_size} process(es)", flush=True)
     start = time.monotonic()
     valid = trainer.train()
     summary = {"steps": trainer.step, "epochs": trainer.epoch, "train_seconds": round(trainer.elapsed_seconds, 1),
                "parameters": model.num_parameters(), **{k.replace("/", "_"): v for k, v in valid.items()}}
-    write_json(paths.TRAIN_METRICS, summary)
-    print(f"trained {trainer.step} steps in {time.monotonic() - start:.0f} s: {summary}", flush=True)
+    if rank == 0:
+        write_json(paths.TRAIN_METRICS, summary)
+        print(f"trained {trainer.step} steps in {time.monotonic() - start:.0f} s: {summary}", flush=True)
+    if dist.is_initialized():
+        dist.destroy_process_group()
     return summary
 
 

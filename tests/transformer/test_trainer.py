@@ -17,7 +17,7 @@ from transformer.loss import label_smoothed_cross_entropy
 from transformer.schedule import inverse_sqrt_lr
 from transformer.search import greedy_search
 from transformer.tokens import BOS_ID, EOS_ID, PAD_ID
-from transformer.trainer import NonFiniteLossError, TrainConfig, Trainer, TrainerCallback, list_checkpoints
+from transformer.trainer import NonFiniteLossError, OutOfMemoryError, TrainConfig, Trainer, TrainerCallback, list_checkpoints
 
 from .conftest import pad_batch, tiny_model
 
@@ -257,3 +257,16 @@ def test_train_config_needs_a_limit_and_known_keys():
 def test_fp16_on_cpu_is_refused(store):
     with pytest.raises(ValueError, match="fp16 needs a GPU"):
         Trainer(tiny_model(vocab_size=30), config(precision="fp16"), store)
+
+
+def test_out_of_memory_names_the_batch_and_the_knob(store, monkeypatch):
+    trainer = Trainer(tiny_model(vocab_size=30), config(max_steps=2), store)
+
+    def too_big(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(trainer, "forward_model", too_big)
+    with pytest.raises(OutOfMemoryError, match=r"out of memory on a batch of \d+ sentences x \d+ tokens "
+                                               r"\(train.max_tokens=\d+\): lower train.max_tokens"):
+        trainer.train()
+    assert trainer.step == 0
