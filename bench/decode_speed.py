@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -45,7 +46,9 @@ from transformer.tokenizer import Tokenizer, train_tokenizer
 from transformer.tokens import EOS_ID
 from transformer.trainer import TrainConfig, Trainer
 
-MULTI30K = Path("/work/shared/data/multi30k/data/task1/raw")
+# The Multi30k mirror: DATA_MIRROR, else ../shared/data/multi30k beside the repository.
+MULTI30K = Path(os.environ.get("DATA_MIRROR") or Path(__file__).resolve().parents[2] / "shared/data/multi30k") \
+    / "data/task1/raw"
 
 
 class PrefixCache:
@@ -191,6 +194,7 @@ def main() -> None:
         options = dict(beam_size=args.beam, alpha=args.alpha, max_len_b=args.max_len_b,
                        batch_sentences=args.batch_sentences)
         ours, ours_speed = timed(Translator(model, tokenizer, **options).translate_ids, ids)
+        ours_bf16, bf16_speed = timed(Translator(model, tokenizer, **options, precision="bf16").translate_ids, ids)
         naive, naive_speed = timed(Translator(NaiveDecoder(model), tokenizer, **options).translate_ids, ids)
         ct2_decode = ctranslate2_decoder(model, tokenizer, workdir, args)
         ct2, ct2_speed = timed(ct2_decode, ids)
@@ -198,8 +202,10 @@ def main() -> None:
     same = lambda other: sum(a == b for a, b in zip(ours, other)) / len(ours)
     print(f"ours (KV cache)       {ours_speed:9.1f} target tokens/s  "
           f"mean output {sum(map(len, ours)) / len(ours):.1f} pieces")
+    print(f"ours bf16 weights     {bf16_speed:9.1f} target tokens/s  same outputs as ours: {same(ours_bf16):.1%}")
     print(f"naive (no cache)      {naive_speed:9.1f} target tokens/s  same outputs as ours: {same(naive):.1%}")
     print(f"CTranslate2 fp32      {ct2_speed:9.1f} target tokens/s  same outputs as ours: {same(ct2):.1%}")
+    print(f"ours_bf16_vs_ctranslate2_fp32={bf16_speed / ct2_speed:.3f}")
     print(f"ours_vs_ctranslate2={ours_speed / ct2_speed:.3f}")
     print(f"ratio={ours_speed / naive_speed:.3f}")
 

@@ -28,6 +28,17 @@ Output
     ``{test}.{src,tgt}`` and ``stats.json`` into a temporary directory beside ``out_dir`` and
     renames it over ``out_dir`` only when everything succeeded, so a failed or interrupted run
     (bad hash, misaligned files, invalid UTF-8) leaves the previous output untouched.
+
+Incoming data
+    ``data.incoming_dir`` (default ``data/incoming``) may hold new parallel data as pairs of
+    plain UTF-8 files ``<name>.<src_lang>`` and ``<name>.<tgt_lang>``, one sentence a line. They
+    are appended to the training split after the data set's own corpora, cleaned like them,
+    not counted against ``limit_train_pairs``, and pairs whose source sentence is in the
+    validation or a test set are dropped (``overlap``) so they cannot leak into the scores that
+    decide a promotion. Each file is versioned with its own ``dvc add`` (a ``.dvc`` file beside
+    it; the retraining flow does this), so the folder itself can stay in git with a README and a
+    fresh clone without incoming data still runs; a ``.dvc`` file whose data is missing is an
+    error (``dvc pull``). A missing folder means no incoming data.
 """
 
 from __future__ import annotations
@@ -593,6 +604,63 @@ def _write_train(data: DataParams, corpora: list[tuple[Corpus, tuple[Path, Side]
     return {"raw": raw, "kept": kept, "dropped": dropped, "corpora": per_corpus}
 
 
+def incoming_pairs(directory: Path, src_lang: str, tgt_lang: str) -> list[tuple[str, Path, Path]]:
+    """``(name, source file, target file)`` of each pair in ``directory``, sorted by name.
+
+    Files of other languages, hidden files and README-like files are ignored. A name with only
+    one side of the pair, or a ``.dvc`` file whose data file is missing, raises ``DataError``.
+    """
+    if not directory.is_dir():
+        return []
+    sides: dict[str, dict[str, Path]] = {}
+    for path in sorted(directory.iterdir()):
+        if path.name.startswith("."):
+            continue
+        if path.suffix == ".dvc":
+            tracked = path.with_suffix("")
+            if not tracked.exists():
+                raise DataError(f"{tracked} is versioned by DVC ({path.name}) but missing: run dvc pull")
+            continue
+        name, dot, lang = path.name.rpartition(".")
+        if dot and name and lang in (src_lang, tgt_lang) and path.is_file():
+            sides.setdefault(name, {})[lang] = path
+    pairs = []
+    for name, found in sorted(sides.items()):
+        for lang in (src_lang, tgt_lang):
+            if lang not in found:
+                raise DataError(f"{directory / f'{name}.{lang}'} is missing: incoming data comes in pairs "
+                                f"<name>.{src_lang} and <name>.{tgt_lang}")
+        pairs.append((name, found[src_lang], found[tgt_lang]))
+    return pairs
+
+
+def _append_incoming(data: DataParams, pairs: list[tuple[str, Path, Path]], out: Path,
+                     held_out: set[str]) -> dict[str, Any]:
+    """Append the cleaned incoming pairs to ``out``'s training files; per-pair and dropped counts."""
+    dropped = {"empty": 0, "too_long": 0, "ratio": 0, "overlap": 0}
+    per_pair: dict[str, dict[str, Any]] = {}
+    with open(out / f"{TRAIN_SPLIT}.{data.src_lang}", "a", encoding="utf-8", newline="\n") as fs, \
+            open(out / f"{TRAIN_SPLIT}.{data.tgt_lang}", "a", encoding="utf-8", newline="\n") as ft:
+        for name, src, tgt in pairs:
+            raw = kept = 0
+            sides = ((src, Side(RemoteFile(str(src)))), (tgt, Side(RemoteFile(str(tgt)))))
+            for s, t in read_pairs(*sides):
+                raw += 1
+                reason = _clean_reason(s, t, data.max_words, data.max_ratio)
+                if reason is None and s in held_out:
+                    reason = "overlap"
+                if reason is not None:
+                    dropped[reason] += 1
+                    continue
+                fs.write(s + "\n")
+                ft.write(t + "\n")
+                kept += 1
+            per_pair[name] = {"raw": raw, "kept": kept, "files": [str(src), str(tgt)],
+                              "sha256": [file_sha256(src), file_sha256(tgt)]}
+    return {"pairs": per_pair, "raw": sum(p["raw"] for p in per_pair.values()),
+            "kept": sum(p["kept"] for p in per_pair.values()), "dropped": dropped}
+
+
 def _write_eval(data: DataParams, split: str, corpora: list[tuple[Corpus, tuple[Path, Side], tuple[Path, Side]]],
                 out: Path) -> dict[str, Any]:
     count = 0
@@ -640,7 +708,8 @@ def prepare_corpus(
 
     Writes ``train.{src,tgt}`` (cleaned: stripped; pairs with an empty side, a side over
     ``max_words`` words or a word-count ratio over ``max_ratio`` dropped; the first
-    ``limit_train_pairs`` kept when > 0), ``{valid_set}.{src,tgt}`` and ``{test}.{src,tgt}``
+    ``limit_train_pairs`` kept when > 0; then the pairs of ``data.incoming_dir``, see the
+    module docstring), ``{valid_set}.{src,tgt}`` and ``{test}.{src,tgt}``
     (whole, unfiltered; an empty line is an error) and ``stats.json``, whose content is also
     returned. Everything is written into a temporary directory beside ``out_dir`` that
     replaces it only at the end. Downloads are verified (see the module docstring) before
@@ -654,6 +723,8 @@ def prepare_corpus(
     src_lang, tgt_lang = data.src_lang, data.tgt_lang
     splits = [TRAIN_SPLIT, data.valid_set] + [s for s in data.test_sets if s != data.valid_set]
     mirror = data.resolved_mirror()
+    incoming_dir = Path(data.incoming_dir) if data.incoming_dir else None
+    incoming = incoming_pairs(incoming_dir, src_lang, tgt_lang) if incoming_dir else []
 
     # 1. fetch and verify every file the splits need (archives once, however many members)
     needed: dict[RemoteFile, set[str]] = {}
@@ -700,6 +771,18 @@ def prepare_corpus(
                 stats = _write_eval(data, split, corpora, tmp)
             stats["files"] = [f"{split}.{src_lang}", f"{split}.{tgt_lang}"]
             split_stats[split] = stats
+        incoming_stats = None
+        if incoming:
+            held_out = {line for split in splits[1:]
+                        for line in (tmp / f"{split}.{src_lang}").read_text(encoding="utf-8").split("\n")}
+            incoming_stats = _append_incoming(data, incoming, tmp, held_out)
+            train = split_stats[TRAIN_SPLIT]
+            train["raw"] += incoming_stats["raw"]
+            train["kept"] += incoming_stats["kept"]
+            for reason, count in incoming_stats["dropped"].items():
+                train["dropped"][reason] = train["dropped"].get(reason, 0) + count
+            for name, pair in incoming_stats["pairs"].items():
+                train["corpora"][f"incoming/{name}"] = pair["raw"]
         result = {
             "dataset": spec.name,
             "src_lang": src_lang,
@@ -710,6 +793,7 @@ def prepare_corpus(
                          "limit_train_pairs": data.limit_train_pairs},
             "splits": split_stats,
             "sources": sources,
+            "incoming": {"dir": data.incoming_dir, **(incoming_stats or {"pairs": {}, "raw": 0, "kept": 0})},
         }
         (tmp / "stats.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
         _replace_dir(tmp, out_dir)

@@ -38,6 +38,7 @@ class DataParams:
     max_words: int = 250
     max_ratio: float = 9.0
     limit_train_pairs: int = 0
+    incoming_dir: str = "data/incoming"   # new parallel data appended to train ("" = none)
 
     def __post_init__(self) -> None:
         if self.max_words < 1:
@@ -111,6 +112,7 @@ class EvaluateParams:
     max_len_b: int = 50
     batch_sentences: int = 64
     attention_sentences: int = 3
+    precision: str = "fp32"
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
@@ -123,6 +125,8 @@ class EvaluateParams:
             raise ValueError(f"evaluate.batch_sentences must be positive, got {self.batch_sentences}")
         if self.attention_sentences < 0:
             raise ValueError(f"evaluate.attention_sentences must be >= 0, got {self.attention_sentences}")
+        if self.precision not in ("fp32", "bf16"):
+            raise ValueError(f"evaluate.precision must be fp32 or bf16, got {self.precision!r}")
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,54 @@ class TrackingParams:
             raise ValueError("tracking.registered_model must not be empty")
 
 
+RETRAIN_MODES = ("scratch",)
+
+
+@dataclass(frozen=True)
+class FlowsParams:
+    """The Prefect flows (pipeline/flows): the retraining schedule and the promotion gate."""
+
+    schedule_cron: str = "0 3 * * 1"
+    schedule_timezone: str = "UTC"
+    deployment_name: str = "scheduled-retraining"
+    retrain_mode: str = "scratch"
+    significance: float = 0.05
+    bootstrap_resamples: int = 1000
+    guarded_test_sets: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        fields = self.schedule_cron.split()
+        if len(fields) != 5:
+            raise ValueError(f"flows.schedule_cron must have 5 fields (minute hour day month weekday), "
+                             f"got {self.schedule_cron!r}")
+        from datetime import datetime
+        from zoneinfo import ZoneInfo
+
+        import cronsim  # Prefect's own scheduler dependency; small, no Prefect import here
+        try:
+            cronsim.CronSim(self.schedule_cron, datetime(2024, 1, 1))
+        except cronsim.CronSimError as err:
+            raise ValueError(f"flows.schedule_cron {self.schedule_cron!r} is not a valid cron expression: {err}") from None
+        try:
+            ZoneInfo(self.schedule_timezone)
+        except (ValueError, KeyError):
+            raise ValueError(f"flows.schedule_timezone {self.schedule_timezone!r} is not an IANA time zone") from None
+        if not self.deployment_name.strip() or any(c in self.deployment_name for c in "/%"):
+            raise ValueError(f"flows.deployment_name must be non-empty without '/' or '%', got {self.deployment_name!r}")
+        if self.retrain_mode == "finetune":
+            raise ValueError("flows.retrain_mode finetune is not available yet: it needs the train stage to start "
+                             "from the champion's weights and tokenizer (a train.init_from param); use scratch")
+        if self.retrain_mode not in RETRAIN_MODES:
+            raise ValueError(f"flows.retrain_mode must be one of {', '.join(RETRAIN_MODES)}, got {self.retrain_mode!r}")
+        if not 0 < self.significance < 1:
+            raise ValueError(f"flows.significance must be in (0, 1), got {self.significance}")
+        if 1 / (self.bootstrap_resamples + 1) >= self.significance:
+            raise ValueError(f"flows.bootstrap_resamples {self.bootstrap_resamples} is too few for significance "
+                             f"{self.significance}: the smallest p-value is 1/(resamples+1)")
+        if len(set(self.guarded_test_sets)) != len(self.guarded_test_sets):
+            raise ValueError(f"flows.guarded_test_sets lists a test set twice: {self.guarded_test_sets}")
+
+
 @dataclass(frozen=True)
 class Params:
     data: DataParams
@@ -146,6 +198,7 @@ class Params:
     average: AverageParams
     evaluate: EvaluateParams
     tracking: TrackingParams
+    flows: FlowsParams
     raw: dict[str, Any]
 
     def flat(self) -> dict[str, Any]:
@@ -164,7 +217,7 @@ class Params:
 
 SECTIONS: dict[str, type] = {
     "data": DataParams, "tokenizer": TokenizerParams, "model": ModelParams, "train": TrainConfig,
-    "average": AverageParams, "evaluate": EvaluateParams, "tracking": TrackingParams,
+    "average": AverageParams, "evaluate": EvaluateParams, "tracking": TrackingParams, "flows": FlowsParams,
 }
 
 
@@ -241,11 +294,15 @@ def load_params(path: str | os.PathLike = PARAMS_FILE) -> Params:
         raise ParamsError(f"params.yaml is not valid YAML: {err}") from None
     if not isinstance(raw, dict):
         raise ParamsError("params.yaml must be a mapping of sections")
-    unknown = sorted(set(raw) - set(SECTIONS) - {"flows"})
+    unknown = sorted(set(raw) - set(SECTIONS))
     if unknown:
         raise ParamsError(f"params.yaml: unknown section {unknown[0]} (known: {', '.join(SECTIONS)})")
     built = {name: (_build_model(raw.get(name) or {}) if name == "model" else _build(cls, name, raw.get(name)))
              for name, cls in SECTIONS.items()}
+    for test_set in built["flows"].guarded_test_sets:
+        if test_set not in built["data"].test_sets:
+            raise ParamsError(f"params.yaml: flows.guarded_test_sets: {test_set!r} is not in data.test_sets "
+                              f"({', '.join(built['data'].test_sets)})")
     return Params(**built, raw=raw)
 
 
@@ -254,9 +311,10 @@ def run_stage(main: Callable[[], None]) -> None:
     one line and exits 2, without a traceback."""
     from pipeline.datasets import DataError
     from transformer.checkpoint import CheckpointError
+    from transformer.trainer import NonFiniteLossError, OutOfMemoryError
 
     try:
         main()
-    except (ParamsError, DataError, CheckpointError) as err:
+    except (ParamsError, DataError, CheckpointError, OutOfMemoryError, NonFiniteLossError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -49,9 +49,20 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 
 
+def _default_uri() -> str:
+    return f"sqlite:///{Path(DEFAULT_DB).resolve()}"
+
+
+def _user_uri() -> str:
+    """The user's ``MLFLOW_TRACKING_URI``; ``mlflow.set_tracking_uri`` writes that variable
+    too, so the embedded default found there does not count as the user's choice."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    return "" if uri == _default_uri() else uri
+
+
 def tracking_uri() -> str:
     """``MLFLOW_TRACKING_URI`` if set, else the embedded SQLite store at the repository root."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(DEFAULT_DB).resolve()}"
+    return _user_uri() or _default_uri()
 
 
 def client() -> MlflowClient:
@@ -67,7 +78,7 @@ def experiment_id(name: str, c: MlflowClient | None = None) -> str:
     found = c.get_experiment_by_name(name)
     if found is not None:
         return found.experiment_id
-    location = None if os.environ.get("MLFLOW_TRACKING_URI") else Path(DEFAULT_ARTIFACTS).resolve().as_uri()
+    location = None if _user_uri() else Path(DEFAULT_ARTIFACTS).resolve().as_uri()
     return c.create_experiment(name, artifact_location=location)
 
 

@@ -27,6 +27,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--alpha", type=float, default=0.6, help="length penalty alpha (default: 0.6, §6.1)")
     parser.add_argument("--max-len-b", type=int, default=50, help="output length limit: source length + this")
     parser.add_argument("--batch-sentences", type=int, default=64)
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                        help="decoding precision (bf16: faster on CPUs with AVX512-BF16/AMX and on GPUs)")
     args = parser.parse_args(argv)
     if args.beam_size < 1:
         parser.error("--beam-size must be at least 1")
@@ -38,7 +40,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     text = args.input.read_text(encoding="utf-8") if args.input else sys.stdin.read()
     sentences = [line.strip() for line in text.splitlines()]
-    translator = Translator(model, tokenizer, args.beam_size, args.alpha, args.max_len_b, args.batch_sentences)
+    translator = Translator(model, tokenizer, args.beam_size, args.alpha, args.max_len_b, args.batch_sentences,
+                            args.precision)
     non_empty = [s for s in sentences if s]
     translated = iter(translator.translate(non_empty))
     lines = [next(translated) if s else "" for s in sentences]

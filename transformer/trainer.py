@@ -27,7 +27,7 @@ from .checkpoint import load_checkpoint, load_state, save_checkpoint
 from .data import TokenBatchSampler, TokenStore, collate
 from .loss import label_smoothed_cross_entropy
 from .model import Transformer
-from .precision import autocast, check_precision, default_device
+from .precision import PRECISIONS, autocast, check_precision, default_device
 from .schedule import make_optimizer, make_scheduler
 
 CHECKPOINT_PATTERN = re.compile(r"checkpoint_(\d+)\.pt$")
@@ -93,6 +93,8 @@ class TrainConfig:
             raise ValueError(f"train.label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
         if not (self.max_steps or self.max_epochs or self.max_minutes):
             raise ValueError("train needs a limit: set train.max_steps, train.max_epochs or train.max_minutes")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"train.precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.nan_policy not in ("skip", "stop"):
             raise ValueError(f"train.nan_policy must be 'skip' or 'stop', got {self.nan_policy!r}")
         if self.device not in ("auto", "cpu", "cuda"):

@@ -37,7 +37,8 @@ def load_translator(params: Params, device: torch.device | None = None) -> Trans
             raise ParamsError(f"{needed} does not exist: run the earlier stages first (dvc repro)")
     model = load_model(paths.AVERAGED_MODEL, device or default_device())
     e = params.evaluate
-    return Translator(model, Tokenizer(paths.TOKENIZER_MODEL), e.beam_size, e.alpha, e.max_len_b, e.batch_sentences)
+    return Translator(model, Tokenizer(paths.TOKENIZER_MODEL), e.beam_size, e.alpha, e.max_len_b, e.batch_sentences,
+                      e.precision)
 
 
 def draw_attention(translator: Translator, sources: list[str], count: int,

@@ -65,6 +65,8 @@ def make_workspace(root: Path, params: dict) -> tuple[Path, dict[str, str]]:
     for item in ("pipeline", "transformer"):
         shutil.copytree(REPO / item, root / item, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "dvc.yaml", root / "dvc.yaml")
+    (root / "data" / "incoming").mkdir(parents=True)   # a dependency of the download stage
+    shutil.copy(REPO / "data" / "incoming" / "README.md", root / "data" / "incoming" / "README.md")
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_", "PARAMS_FILE"))}
     env.update(PYTHONPATH=str(root), DATA_MIRROR=str(MIRROR), PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",

@@ -433,3 +433,56 @@ def test_wmt14_archives_are_read_as_registered(name, tmp_path, monkeypatch):
     with pytest.raises(DataError, match=r"sha256 mismatch for .*dev\.tgz.*checksums\.json"):
         prepare_corpus(data, out, cache, retries=0)
     assert lines(out / "newstest2013.en") == sentences("newstest2013", "en", 3)    # previous output kept
+
+
+# ----------------------------------------------------------------------------- incoming pairs
+
+
+def _incoming(tmp_path: Path, files: dict[str, list[str] | str]) -> Path:
+    folder = tmp_path / "incoming"
+    folder.mkdir(exist_ok=True)
+    (folder / "README.md").write_text("not data\n")
+    for name, content in files.items():
+        (folder / name).write_text(content if isinstance(content, str) else "".join(f"{s}\n" for s in content))
+    return folder
+
+
+def test_incoming_pairs_are_cleaned_appended_and_counted(tmp_path, monkeypatch):
+    folder = _incoming(tmp_path, {
+        "b-news.en": ["new one", "", "en val sentence number 1 with some words", "x " * 11, "new two"],
+        "b-news.de": ["neu eins", "leer", "de val satz", "y", "neu zwei"],
+        "a-web.en": ["web one"], "a-web.de": ["netz eins"],
+        "other.fr": ["ignored: not a language of the pair"], "notes.txt": "ignored",
+    })
+    stats = _prepare_local(tmp_path, monkeypatch, {}, max_words=10, limit_train_pairs=3, incoming_dir=str(folder))
+    out = tmp_path / "corpus"
+    # the data set's first 3 pairs (the limit), then the incoming pairs by file name, cleaned
+    assert lines(out / "train.en")[3:] == ["web one", "new one", "new two"]
+    assert lines(out / "train.de")[3:] == ["netz eins", "neu eins", "neu zwei"]
+    train = stats["splits"]["train"]
+    assert train["kept"] == 6 and train["raw"] == 20 + 6
+    assert train["dropped"] == {"empty": 1, "too_long": 1, "ratio": 0, "limit": 17, "overlap": 1}
+    assert train["corpora"] == {"train": 20, "incoming/a-web": 1, "incoming/b-news": 5}
+    incoming = stats["incoming"]
+    assert incoming["raw"] == 6 and incoming["kept"] == 3 and incoming["dir"] == str(folder)
+    assert incoming["pairs"]["b-news"]["kept"] == 2 and len(incoming["pairs"]["a-web"]["sha256"]) == 2
+    assert json.loads((out / "stats.json").read_text())["incoming"] == incoming
+
+
+@pytest.mark.parametrize("files, message", [
+    ({"news.en": ["a"]}, r"incoming/news\.de is missing: incoming data comes in pairs <name>\.en and <name>\.de"),
+    ({"news.en": ["a", "b"], "news.de": ["a"]}, r"misaligned corpus: .*incoming/news\.en has 2 lines but .*news\.de has 1"),
+    ({"news.en": ["a"], "news.de": ["a"], "more.en.dvc": "outs: []\n"}, r"incoming/more\.en is versioned by DVC "
+                                                                        r"\(more\.en\.dvc\) but missing: run dvc pull"),
+])
+def test_bad_incoming_data_is_a_data_error(files, message, tmp_path, monkeypatch):
+    folder = _incoming(tmp_path, files)
+    with pytest.raises(DataError, match=message):
+        _prepare_local(tmp_path, monkeypatch, {}, incoming_dir=str(folder))
+    assert not (tmp_path / "corpus").exists()
+
+
+def test_no_incoming_folder_or_setting_means_no_incoming_data(tmp_path, monkeypatch):
+    stats = _prepare_local(tmp_path, monkeypatch, {}, incoming_dir=str(tmp_path / "absent"))
+    assert stats["incoming"] == {"dir": str(tmp_path / "absent"), "pairs": {}, "raw": 0, "kept": 0}
+    assert _prepare_local(tmp_path, monkeypatch, {}, incoming_dir="")["splits"]["train"]["kept"] == 20

@@ -1,0 +1,241 @@
+"""The promotion gate: a challenger model replaces the registry's champion only when it is
+significantly better, by sacrebleu's paired bootstrap test, on the first test set, and not
+significantly worse on any guarded test set.
+
+No Prefect here: the flow calls these functions in a task, the tests call them directly.
+
+The test is sacrebleu's own (``sacrebleu.significance.PairedTest``, ``test_type="bs"``, the
+Moses ``bootstrap-hypothesis-difference-significance.pl`` procedure, seeded by
+``SACREBLEU_SEED``, default 12345). Its p-value is two-sided (how often a resampled difference
+is at least as large as the observed one, in either direction), so the direction comes from
+the scores: *better* is a higher BLEU with p < significance, *worse* a lower BLEU with
+p < significance. Identical outputs are neither (sacrebleu reports p = 1/(n+1) for a zero
+difference; a tie is recorded as p = 1, and the direction rule keeps it from promoting anything).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from mlflow.entities.model_registry import ModelVersion
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from pipeline.tracking import CHAMPION_ALIAS
+
+PROMOTED, FIRST_MODEL, REJECTED, UNCHANGED = "promoted", "first-model", "rejected", "unchanged"
+
+
+class GateError(RuntimeError):
+    """The run cannot be judged (partial outputs, no registered model): nothing is promoted."""
+
+
+@dataclass(frozen=True)
+class Systems:
+    """One test set: its references and the two models' translations of its sources."""
+
+    references: Sequence[str]
+    champion: Sequence[str]
+    challenger: Sequence[str]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    test_set: str
+    sentences: int
+    champion_bleu: float
+    challenger_bleu: float
+    p_value: float
+
+    @property
+    def delta(self) -> float:
+        return self.challenger_bleu - self.champion_bleu
+
+    def better(self, significance: float) -> bool:
+        return self.delta > 0 and self.p_value < significance
+
+    def worse(self, significance: float) -> bool:
+        return self.delta < 0 and self.p_value < significance
+
+
+def paired_bootstrap(test_set: str, systems: Systems, resamples: int) -> Comparison:
+    """Corpus BLEU of both systems and the paired bootstrap p-value of their difference."""
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    n = len(systems.references)
+    if not n or len(systems.champion) != n or len(systems.challenger) != n:
+        raise GateError(f"{test_set}: {n} references but {len(systems.champion)} champion and "
+                        f"{len(systems.challenger)} challenger translations")
+    bleu = BLEU(references=[list(systems.references)])
+    test = PairedTest([("champion", list(systems.champion)), ("challenger", list(systems.challenger))],
+                      {"BLEU": bleu}, references=None, test_type="bs", n_samples=resamples)
+    _, scores = test()
+    champion, challenger = scores["BLEU"]
+    # No difference, no evidence: sacrebleu's p for a zero difference is 1/(n+1), recorded as 1.
+    p_value = 1.0 if challenger.score == champion.score else float(challenger.p_value)
+    return Comparison(test_set, n, round(champion.score, 2), round(challenger.score, 2), p_value)
+
+
+def decide(comparisons: Mapping[str, Comparison], primary: str, guarded: Sequence[str],
+           significance: float) -> tuple[bool, str]:
+    """(promote?, why) from the per-test-set comparisons."""
+    worse = [comparisons[name] for name in guarded if comparisons[name].worse(significance)]
+    if worse:
+        return False, "significantly worse on guarded " + ", ".join(
+            f"{c.test_set} (BLEU {c.champion_bleu:.2f} -> {c.challenger_bleu:.2f}, p={c.p_value:.4f})" for c in worse)
+    c = comparisons[primary]
+    change = f"BLEU {c.champion_bleu:.2f} -> {c.challenger_bleu:.2f} on {primary}, p={c.p_value:.4f}"
+    if c.better(significance):
+        return True, f"significantly better: {change} < {significance}"
+    if c.delta > 0:
+        return False, f"not significantly better: {change} >= {significance}"
+    return False, f"not better: {change}"
+
+
+@dataclass
+class Decision:
+    verdict: str                    # promoted | first-model | rejected | unchanged
+    reason: str
+    model_name: str
+    challenger: ModelVersion
+    champion: ModelVersion | None
+    significance: float
+    resamples: int
+    primary: str
+    guarded: list[str]
+    comparisons: list[Comparison] = field(default_factory=list)
+
+    @property
+    def promoted(self) -> bool:
+        return self.verdict in (PROMOTED, FIRST_MODEL)
+
+    def tags(self) -> dict[str, str]:
+        """What the challenger run records about the decision (``gate.*`` tags)."""
+        tags = {
+            "gate.decision": self.verdict, "gate.reason": self.reason[:4000],
+            "gate.challenger_version": str(self.challenger.version),
+            "gate.champion_version": str(self.champion.version) if self.champion else "none",
+            "gate.significance": str(self.significance), "gate.bootstrap_resamples": str(self.resamples),
+            "gate.primary_test_set": self.primary, "gate.guarded_test_sets": json.dumps(self.guarded),
+            "gate.time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        for c in self.comparisons:
+            tags.update({f"gate.{c.test_set}.champion_bleu": f"{c.champion_bleu:.2f}",
+                         f"gate.{c.test_set}.challenger_bleu": f"{c.challenger_bleu:.2f}",
+                         f"gate.{c.test_set}.p_value": f"{c.p_value:.4f}"})
+        return tags
+
+    def summary(self) -> dict[str, object]:
+        return {"verdict": self.verdict, "promoted": self.promoted, "reason": self.reason,
+                "challenger_version": str(self.challenger.version),
+                "champion_version": str(self.champion.version) if self.champion else None,
+                "comparisons": [{"test_set": c.test_set, "champion_bleu": c.champion_bleu,
+                                 "challenger_bleu": c.challenger_bleu, "p_value": c.p_value}
+                                for c in self.comparisons]}
+
+    def markdown(self) -> str:
+        champion = f"version {self.champion.version}" if self.champion else "none"
+        lines = [
+            f"# Promotion gate: {self.verdict}", "",
+            f"- registered model: `{self.model_name}`",
+            f"- challenger: version {self.challenger.version} (MLflow run `{self.challenger.run_id}`)",
+            f"- champion before: {champion}",
+            f"- decision: **{self.verdict}**: {self.reason}",
+            f"- test: sacrebleu paired bootstrap, {self.resamples} resamples, significance {self.significance}; "
+            f"primary test set `{self.primary}`, guarded: {', '.join(self.guarded) or 'none'}",
+        ]
+        if self.comparisons:
+            lines += ["", "| test set | sentences | champion BLEU | challenger BLEU | delta | p-value |",
+                      "|---|---:|---:|---:|---:|---:|"]
+            lines += [f"| {c.test_set} | {c.sentences} | {c.champion_bleu:.2f} | {c.challenger_bleu:.2f} | "
+                      f"{c.delta:+.2f} | {c.p_value:.4f} |" for c in self.comparisons]
+        return "\n".join(lines) + "\n"
+
+
+def current_champion(client: MlflowClient, name: str) -> ModelVersion | None:
+    try:
+        return client.get_model_version_by_alias(name, CHAMPION_ALIAS)
+    except MlflowException:
+        return None
+
+
+def promote_if_better(client: MlflowClient, name: str, challenger: ModelVersion, champion: ModelVersion | None,
+                      systems: Mapping[str, Systems] | None, *, primary: str, guarded: Sequence[str],
+                      significance: float, resamples: int, extra_tags: Mapping[str, str] | None = None) -> Decision:
+    """Judge ``challenger`` against ``champion`` on ``systems`` (per test set), record the decision
+    as ``gate.*`` tags on the challenger's run (and ``gate.decision`` on its model version), and
+    move the ``champion`` alias to it when it wins. With no champion the challenger is promoted;
+    when it already is the champion nothing is recorded or changed."""
+    decision = Decision(UNCHANGED, "", name, challenger, champion, significance, resamples, primary, list(guarded))
+    if champion is not None and str(champion.version) == str(challenger.version):
+        decision.reason = f"version {challenger.version} already is the champion (no new model)"
+        return decision
+    if champion is None:
+        decision.verdict, decision.reason = FIRST_MODEL, f"no {CHAMPION_ALIAS} yet: the first complete model is promoted"
+    else:
+        if not systems or primary not in systems or any(g not in systems for g in guarded):
+            raise GateError(f"the gate needs translations of {primary} and the guarded test sets {list(guarded)}")
+        decision.comparisons = [paired_bootstrap(test_set, s, resamples) for test_set, s in systems.items()]
+        promote, decision.reason = decide({c.test_set: c for c in decision.comparisons}, primary, guarded,
+                                          significance)
+        decision.verdict = PROMOTED if promote else REJECTED
+    from mlflow.entities import RunTag
+
+    tags = {**decision.tags(), **(extra_tags or {})}
+    client.log_batch(challenger.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+    client.set_model_version_tag(name, str(challenger.version), "gate.decision", decision.verdict)
+    if decision.promoted:
+        client.set_registered_model_alias(name, CHAMPION_ALIAS, str(challenger.version))
+    return decision
+
+
+# ----------------------------------------------------------------------------- challenger and champion
+
+
+def challenger_version(client: MlflowClient, name: str, run_id: str) -> ModelVersion:
+    """The newest version of ``name`` registered from ``run_id`` or from one of its child runs
+    (evaluate logs into a child run when its params differ from the training run's)."""
+    run = client.get_run(run_id)
+    children = client.search_runs([run.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{run_id}'")
+    run_ids = {run_id, *(r.info.run_id for r in children)}
+    versions = [v for v in client.search_model_versions(f"name = '{name}'") if v.run_id in run_ids]
+    if not versions:
+        raise GateError(f"no version of registered model {name!r} comes from MLflow run {run_id} "
+                        "(the evaluate stage registers it): nothing to promote")
+    version = max(versions, key=lambda v: int(v.version))
+    if version.status != "READY":
+        raise GateError(f"{name} version {version.version} is {version.status}, not READY: nothing to promote")
+    status = client.get_run(version.run_id).info.status
+    if status != "FINISHED":
+        raise GateError(f"MLflow run {version.run_id} of {name} version {version.version} is {status}, "
+                        "not FINISHED: nothing is promoted from a partial run")
+    return version
+
+
+def translate_with_version(client: MlflowClient, name: str, version: str, sources: Mapping[str, Sequence[str]],
+                           beam_size: int, alpha: float, max_len_b: int, batch_sentences: int,
+                           precision: str = "fp32", tracking_uri: str | None = None) -> dict[str, list[str]]:
+    """Translate each test set's sources with a registered model version (its own checkpoint and
+    tokenizer, the pyfunc model's artifacts) and the evaluate stage's decoding settings."""
+    import mlflow
+
+    from pipeline.translation import Translator
+    from transformer.checkpoint import load_model
+    from transformer.precision import default_device
+    from transformer.tokenizer import Tokenizer
+
+    uri = client.get_model_version_download_uri(name, version)
+    with tempfile.TemporaryDirectory(prefix="champion-") as tmp:
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=tmp, tracking_uri=tracking_uri))
+        flavor = yaml.safe_load((local / "MLmodel").read_text())["flavors"]["python_function"]
+        files = {key: local / value["path"] for key, value in flavor["artifacts"].items()}
+        translator = Translator(load_model(files["model"], default_device()), Tokenizer(files["tokenizer"]),
+                                beam_size, alpha, max_len_b, batch_sentences, precision)
+        return {test_set: translator.translate(list(lines)) for test_set, lines in sources.items()}

@@ -1,0 +1,419 @@
+"""pipeline/flows against Prefect's test harness (a real Prefect API on a temporary database) and
+real MLflow stores: the training flow on the real stages of a tiny config (one pipeline run for
+the module), the first promotion, the promotion gate on synthetic translations with real
+sacrebleu and real registry versions, the served deployment's schedule, and a failing stage."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from pipeline.flows import gate
+from pipeline.flows.gate import Systems, promote_if_better
+from pipeline.params import FlowsParams
+from pipeline.tracking import CHAMPION_ALIAS
+
+from .conftest import MIRROR, make_workspace, needs_mirror, tiny_params
+
+FLOWS = {"schedule_cron": "15 4 * * 2", "schedule_timezone": "Europe/Berlin", "deployment_name": "test-retraining",
+         "significance": 0.05, "bootstrap_resamples": 1000, "guarded_test_sets": []}
+MODEL = "test-translator"
+
+
+@pytest.fixture(scope="session")
+def prefect_api():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def prefect_client():
+    from prefect.client.orchestration import get_client
+
+    return get_client(sync_client=True)
+
+
+def flush_logs() -> None:
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all()
+
+
+def artifacts(key: str, flow_run_id) -> list:
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    with prefect_client() as client:
+        return client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=[key]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+
+
+def run_logs(flow_run_id=None, task_run_id=None) -> list[str]:
+    """The messages logged by a flow run's tasks (or by one task run), read back from the API."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterTaskRunId
+
+    flush_logs()
+    log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]) if flow_run_id else None,
+                           task_run_id=LogFilterTaskRunId(any_=[task_run_id]) if task_run_id else None)
+    messages: list[str] = []
+    with prefect_client() as client:
+        while page := client.read_logs(log_filter, limit=200, offset=len(messages)):
+            messages += [log.message for log in page]
+    return messages
+
+
+def mlflow_client() -> MlflowClient:
+    return MlflowClient(os.environ["MLFLOW_TRACKING_URI"], os.environ["MLFLOW_TRACKING_URI"])
+
+
+def task_runs(name: str) -> list:
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+
+    with prefect_client() as client:
+        return client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=[name])))
+
+
+# ----------------------------------------------------------------------------- the real pipeline
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory, prefect_api):
+    """A tiny git+DVC workspace whose environment (MLflow store, data mirror) is this process's."""
+    if not (MIRROR / "data/task1/raw/train.en.gz").is_file():
+        pytest.skip(f"the Multi30k mirror is not at {MIRROR}")
+    root, env = make_workspace(tmp_path_factory.mktemp("flows") / "repo", tiny_params({"flows": FLOWS}))
+    with pytest.MonkeyPatch.context() as mp:
+        for key in [k for k in os.environ if k not in env]:
+            mp.delenv(key)
+        for key, value in env.items():
+            if os.environ.get(key) != value:
+                mp.setenv(key, value)
+        yield root
+
+
+@pytest.fixture(scope="module")
+def trained(ws):
+    """The training flow, run once on the real stages."""
+    from pipeline.flows import training_pipeline
+
+    state = training_pipeline(workdir=str(ws), return_state=True)
+    assert state.is_completed(), state.message
+    return state
+
+
+@pytest.fixture(scope="module")
+def first_retraining(trained, ws):
+    """The retraining flow after the training flow: no incoming data, nothing for DVC to redo, no champion."""
+    from pipeline.flows import retraining
+
+    state = retraining(workdir=str(ws), return_state=True)
+    assert state.is_completed(), state.message
+    return state
+
+
+@needs_mirror
+def test_training_flow_runs_the_stages_and_returns_the_metrics(trained, ws):
+    import json
+
+    metrics = trained.result()
+    assert metrics == json.loads((ws / "reports" / "metrics.json").read_text())
+    assert set(metrics) == {"test_2016_flickr"} and 0 <= metrics["test_2016_flickr"]["bleu"] <= 100
+    (artifact,) = artifacts("training-metrics", trained.state_details.flow_run_id)
+    assert artifact.type == "markdown" and "| test_2016_flickr |" in artifact.data
+    assert f"{metrics['test_2016_flickr']['bleu']}" in artifact.data
+    # the stages' own output streamed into the task logs
+    logs = run_logs(flow_run_id=trained.state_details.flow_run_id)
+    assert "Running stage 'train':" in logs and any(line.startswith("averaged 3 checkpoint(s)") for line in logs)
+
+
+@needs_mirror
+def test_a_registered_version_translates_as_the_evaluate_stage_did(trained, ws):
+    """The gate's champion side: the version's own checkpoint and tokenizer, the evaluate settings."""
+    import mlflow
+
+    client = mlflow_client()
+    version = client.get_model_version(MODEL, "1")
+    sources = (ws / "data" / "corpus" / "test_2016_flickr.en").read_text().splitlines()
+    got = gate.translate_with_version(client, MODEL, "1", {"test_2016_flickr": sources}, beam_size=2, alpha=0.6,
+                                      max_len_b=8, batch_sentences=250, tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
+    logged = mlflow.artifacts.download_artifacts(run_id=version.run_id, artifact_path="translations/test_2016_flickr.de",
+                                                 tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
+    assert got["test_2016_flickr"] == Path(logged).read_text().splitlines()
+
+
+@needs_mirror
+def test_first_complete_model_is_promoted(first_retraining, ws):
+    summary = first_retraining.result()
+    assert summary["verdict"] == "first-model" and summary["promoted"]
+    client = mlflow_client()
+    champion = client.get_model_version_by_alias(MODEL, CHAMPION_ALIAS)
+    assert str(champion.version) == summary["challenger_version"] == "1"
+    tags = client.get_run(champion.run_id).data.tags
+    assert tags["gate.decision"] == "first-model" and tags["gate.champion_version"] == "none"
+    assert tags["gate.prefect_flow_run_id"] == str(first_retraining.state_details.flow_run_id)
+    (artifact,) = artifacts("promotion-gate", first_retraining.state_details.flow_run_id)
+    assert "first-model" in artifact.data
+
+
+@needs_mirror
+def test_failing_stage_fails_the_flow_and_promotes_nothing(first_retraining, ws):
+    """Misaligned incoming data: versioned by the flow, rejected by the download stage (exit 2, no
+    retry), the flow fails with the stage's error, the champion stays."""
+    from pipeline.flows import retraining
+
+    client = mlflow_client()
+    versions_before = len(client.search_model_versions(f"name = '{MODEL}'"))
+    champion_before = client.get_model_version_by_alias(MODEL, CHAMPION_ALIAS).version
+    incoming = ws / "data" / "incoming"
+    (incoming / "bad.en").write_text("one\ntwo\nthree\n")
+    (incoming / "bad.de").write_text("eins\nzwei\n")
+    try:
+        state = retraining(workdir=str(ws), return_state=True)
+        assert state.is_failed()
+        assert (incoming / "bad.en.dvc").is_file() and (incoming / "bad.de.dvc").is_file()   # versioned first
+        (failed,) = [t for t in task_runs("dvc repro download") if t.state.is_failed()]
+        assert failed.run_count == 1   # exit 2 is a user error: not retried
+        error = "error: misaligned corpus: data/incoming/bad.en has 3 lines but data/incoming/bad.de has 2"
+        assert error in run_logs(task_run_id=failed.id)          # the stage's stderr, streamed
+        assert error in failed.state.message                     # and the task's failure
+        assert client.get_model_version_by_alias(MODEL, CHAMPION_ALIAS).version == champion_before
+        assert len(client.search_model_versions(f"name = '{MODEL}'")) == versions_before
+        assert not artifacts("promotion-gate", state.state_details.flow_run_id)
+    finally:
+        for name in ("bad.en", "bad.de", "bad.en.dvc", "bad.de.dvc", ".gitignore"):   # the folder as it was
+            (incoming / name).unlink(missing_ok=True)
+
+
+@needs_mirror
+def test_overrides_run_a_dvc_experiment_and_a_bad_value_fails_in_its_stage(first_retraining, ws):
+    from pipeline.flows import training_pipeline
+
+    client = mlflow_client()
+    champion_before = client.get_model_version_by_alias(MODEL, CHAMPION_ALIAS).version
+    original = (ws / "params.yaml").read_text()
+    try:
+        state = training_pipeline(workdir=str(ws), overrides=["evaluate.beam_size=0"], return_state=True)
+        assert state.is_failed()
+        (failed,) = [t for t in task_runs("dvc exp run") if t.state.is_failed()]
+        error = "error: params.yaml: evaluate.beam_size must be positive, got 0"
+        assert error in failed.state.message and error in run_logs(task_run_id=failed.id)
+        assert failed.run_count == 1
+        assert (ws / "params.yaml").read_text() == original   # the failed experiment's override is not kept
+
+        state = training_pipeline(workdir=str(ws), overrides=["evaluate.beam_size=1"], return_state=True)
+        assert state.is_completed(), state.message
+        logs = run_logs(flow_run_id=state.state_details.flow_run_id)
+        assert [line for line in logs if line.startswith("Running stage")] == ["Running stage 'evaluate':"]
+        assert state.result()["test_2016_flickr"]["bleu"] >= 0
+        # the experiment registered a new version, the champion did not move
+        assert client.get_model_version_by_alias(MODEL, CHAMPION_ALIAS).version == champion_before
+    finally:
+        (ws / "params.yaml").write_text(original)
+
+
+# ----------------------------------------------------------------------------- the gate
+
+
+@pytest.fixture
+def registry(tmp_path, monkeypatch):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri, uri)
+    experiment = client.create_experiment("gate", artifact_location=(tmp_path / "artifacts").as_uri())
+    client.create_registered_model(MODEL)
+
+    def version() -> str:
+        run = client.create_run(experiment)
+        client.set_terminated(run.info.run_id)
+        return str(client.create_model_version(MODEL, f"{run.info.artifact_uri}/translator", run.info.run_id).version)
+
+    return client, version
+
+
+def corpus(seed: int = 0, n: int = 300) -> list[str]:
+    rng = random.Random(seed)
+    vocab = [f"w{i}" for i in range(400)]
+    return [" ".join(rng.choice(vocab) for _ in range(12)) for _ in range(n)]
+
+
+def noisy(references: list[str], rate: float, seed: int) -> list[str]:
+    """The references with ``rate`` of their words replaced: lower rate, higher BLEU."""
+    rng = random.Random(seed)
+    return [" ".join(w if rng.random() > rate else f"x{rng.randrange(1000)}" for w in s.split()) for s in references]
+
+
+REFS = {"main": corpus(1), "guard": corpus(2)}
+CHAMPION = {name: noisy(refs, 0.5, 10) for name, refs in REFS.items()}
+
+
+def judge(client, challenger: str, hyps: dict[str, list[str]], guarded=()):
+    champion = gate.current_champion(client, MODEL)
+    systems = {name: Systems(REFS[name], CHAMPION[name], hyps[name]) for name in REFS}
+    return promote_if_better(client, MODEL, client.get_model_version(MODEL, challenger), champion, systems,
+                             primary="main", guarded=list(guarded), significance=0.05, resamples=1000)
+
+
+def test_gate_promotes_better_rejects_worse_keeps_champion_on_tie(registry):
+    client, new_version = registry
+    first = new_version()
+    decision = promote_if_better(client, MODEL, client.get_model_version(MODEL, first), None, None,
+                                 primary="main", guarded=[], significance=0.05, resamples=1000)
+    assert decision.verdict == "first-model"
+    assert str(client.get_model_version_by_alias(MODEL, CHAMPION_ALIAS).version) == first
+
+    better = new_version()
+    decision = judge(client, better, {name: noisy(refs, 0.3, 20) for name, refs in REFS.items()})
+    assert decision.verdict == "promoted", decision.reason
+    assert str(client.get_model_version_by_alias(MODEL, CHAMPION_ALIAS).version) == better
+    tags = client.get_run(client.get_model_version(MODEL, better).run_id).data.tags
+    assert tags["gate.decision"] == "promoted" and tags["gate.champion_version"] == first
+    assert float(tags["gate.main.p_value"]) < 0.05
+    assert float(tags["gate.main.challenger_bleu"]) > float(tags["gate.main.champion_bleu"])
+    assert client.get_model_version(MODEL, better).tags["gate.decision"] == "promoted"
+
+    # the champion's outputs are CHAMPION from here on (the gate only sees the translations)
+    worse = new_version()
+    decision = judge(client, worse, {name: noisy(refs, 0.7, 30) for name, refs in REFS.items()})
+    assert decision.verdict == "rejected" and decision.reason.startswith("not better")
+    assert str(client.get_model_version_by_alias(MODEL, CHAMPION_ALIAS).version) == better
+    tags = client.get_run(client.get_model_version(MODEL, worse).run_id).data.tags
+    assert tags["gate.decision"] == "rejected" and float(tags["gate.main.p_value"]) < 0.05
+
+    tie = new_version()
+    decision = judge(client, tie, dict(CHAMPION))
+    assert decision.verdict == "rejected"
+    assert str(client.get_model_version_by_alias(MODEL, CHAMPION_ALIAS).version) == better
+    tags = client.get_run(client.get_model_version(MODEL, tie).run_id).data.tags
+    assert tags["gate.main.p_value"] == "1.0000" and tags["gate.main.champion_bleu"] == tags["gate.main.challenger_bleu"]
+
+
+def test_gate_rejects_a_challenger_worse_on_a_guarded_set_and_a_small_gain(registry):
+    client, new_version = registry
+    champion = new_version()
+    client.set_registered_model_alias(MODEL, CHAMPION_ALIAS, champion)
+    guarded_loss = new_version()
+    decision = judge(client, guarded_loss, {"main": noisy(REFS["main"], 0.3, 40), "guard": noisy(REFS["guard"], 0.7, 41)},
+                     guarded=["guard"])
+    assert decision.verdict == "rejected" and "guarded guard" in decision.reason
+    assert str(client.get_model_version_by_alias(MODEL, CHAMPION_ALIAS).version) == champion
+    # without the guard the same challenger would have won
+    assert judge(client, guarded_loss, {"main": noisy(REFS["main"], 0.3, 40),
+                                        "guard": noisy(REFS["guard"], 0.7, 41)}).verdict == "promoted"
+    # a different sample of the champion's own quality is no evidence of a better model
+    client.set_registered_model_alias(MODEL, CHAMPION_ALIAS, champion)
+    same_quality = new_version()
+    decision = judge(client, same_quality, {name: noisy(refs, 0.5, 50) for name, refs in REFS.items()})
+    assert decision.verdict == "rejected"
+    assert str(client.get_model_version_by_alias(MODEL, CHAMPION_ALIAS).version) == champion
+    # the champion against itself: nothing recorded, nothing moved
+    assert judge(client, champion, dict(CHAMPION)).verdict == "unchanged"
+
+
+def test_gate_refuses_partial_runs(registry):
+    client, new_version = registry
+    version = new_version()
+    run_id = client.get_model_version(MODEL, version).run_id
+    client.update_run(run_id, "RUNNING")
+    with pytest.raises(gate.GateError, match="not FINISHED"):
+        gate.challenger_version(client, MODEL, run_id)
+    other = client.create_run(client.get_run(run_id).info.experiment_id)
+    with pytest.raises(gate.GateError, match="nothing to promote"):
+        gate.challenger_version(client, MODEL, other.info.run_id)
+
+
+# ----------------------------------------------------------------------------- serving
+
+
+def test_served_deployment_has_the_configured_schedule_and_survives_a_restart(prefect_api, tmp_path):
+    from pipeline.flows import serving
+
+    flows = FlowsParams(**FLOWS)
+    first_id = serving.serve_retraining(tmp_path, flows, run_once=True)
+    with prefect_client() as client:
+        deployment = client.read_deployment_by_name(f"retraining/{flows.deployment_name}")
+    assert deployment.id == first_id
+    (schedule,) = deployment.schedules
+    assert schedule.schedule.cron == "15 4 * * 2" and schedule.schedule.timezone == "Europe/Berlin"
+    assert schedule.active and deployment.parameters == {"workdir": str(tmp_path)}
+    assert deployment.entrypoint == "pipeline.flows.pipelines.retraining" and deployment.global_concurrency_limit.limit == 1
+    assert deployment.paused   # the runner stopped: paused, not deleted
+
+    # a restart of the serving process: the same deployment, one schedule, active again
+    deployment_id = serving.retraining_deployment(tmp_path, flows).apply()
+    with prefect_client() as client:
+        again = client.read_deployment_by_name(f"retraining/{flows.deployment_name}")
+    assert deployment_id == first_id == again.id and not again.paused
+    assert [s.schedule.cron for s in again.schedules] == ["15 4 * * 2"]
+
+
+def _sqlalchemy_2_1() -> bool:
+    import sqlalchemy
+
+    return tuple(int(x) for x in sqlalchemy.__version__.split(".")[:2]) >= (2, 1)
+
+
+@pytest.mark.xfail(_sqlalchemy_2_1(), strict=True, reason="Prefect 3.8's scheduler fails with SQLAlchemy 2.1 "
+                   "(bulk insert of a hybrid property); pin SQLAlchemy<2.1")
+def test_the_server_scheduler_turns_the_schedule_into_runs(prefect_api, tmp_path):
+    """What the server's scheduler service does on every pass, called on the harness's database."""
+    import asyncio
+    from datetime import timezone
+    from zoneinfo import ZoneInfo
+
+    from prefect.server.database import provide_database_interface
+    from prefect.server.models.deployments import schedule_runs
+
+    from pipeline.flows import serving
+
+    flows = FlowsParams(**{**FLOWS, "deployment_name": "scheduler-check"})
+    deployment_id = serving.retraining_deployment(tmp_path, flows).apply()
+
+    async def schedule():
+        async with provide_database_interface().session_context(begin_transaction=True) as session:
+            return await schedule_runs(session, deployment_id=deployment_id)
+
+    assert asyncio.run(schedule())
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    with prefect_client() as client:
+        runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
+    assert runs and all(r.state.is_scheduled() and r.parameters == {"workdir": str(tmp_path)} for r in runs)
+    for run in runs:   # "15 4 * * 2" in Europe/Berlin: Tuesdays 04:15 local time
+        local = run.expected_start_time.astimezone(timezone.utc).astimezone(ZoneInfo("Europe/Berlin"))
+        assert (local.weekday(), local.hour, local.minute) == (1, 4, 15)
+
+
+@pytest.mark.parametrize("flows, message", [
+    ({"schedule_cron": "0 3 * *"}, "must have 5 fields"),
+    ({"schedule_cron": "61 3 * * 1"}, "not a valid cron expression"),
+    ({"schedule_timezone": "Mars/Olympus"}, "not an IANA time zone"),
+    ({"significance": 1.5}, "significance must be in"),
+    ({"bootstrap_resamples": 10}, "too few for significance"),
+    ({"retrain_mode": "finetune"}, "finetune is not available yet"),
+    ({"guarded_test_sets": ["test_2017_flickr"]}, "flows.guarded_test_sets: 'test_2017_flickr' is not in data.test_sets"),
+    ({"colour": "blue"}, "unknown key flows.colour"),
+])
+def test_bad_flows_params_name_the_key(flows, message, tmp_path):
+    import yaml
+
+    from pipeline.params import ParamsError, load_params
+
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(tiny_params({"flows": flows})))
+    with pytest.raises(ParamsError, match=message.replace("(", r"\(")):
+        load_params(path)
+
+
+def test_cli_help_does_not_import_prefect():
+    import subprocess
+    import sys
+
+    code = ("import runpy, sys\nsys.argv = ['flows', '--help']\ntry:\n    runpy.run_module('pipeline.flows', "
+            "run_name='__main__')\nexcept SystemExit:\n    pass\nprint('prefect' in sys.modules)")
+    repo = Path(__file__).parents[2]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(repo)})
+    assert out.stdout.strip().splitlines()[-1] == "False", out.stdout + out.stderr

@@ -1,0 +1,101 @@
+"""pipeline/params.py: params.yaml into typed configs; every bad value is one line naming its key."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from pipeline.params import ParamsError, load_params
+from transformer.trainer import TrainConfig
+
+from .conftest import REPO
+
+
+def write(tmp_path, edit):
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    edit(params)
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    return path
+
+
+def test_the_shipped_params_load_into_typed_configs():
+    params = load_params(REPO / "params.yaml")
+    assert isinstance(params.train, TrainConfig) and params.train.precision == "bf16"
+    assert params.model.config(8000).d_model == 256 and params.model.config(8000).vocab_size == 8000
+    assert params.data.pair == "en-de" and params.data.test_sets == ["test_2016_flickr"]
+    flat = params.flat()
+    assert flat["train.max_tokens"] == params.train.max_tokens and flat["model.preset"] == "small"
+
+
+def test_recipes_load():
+    for recipe in sorted((REPO / "params").glob("*.yaml")):
+        params = load_params(recipe)
+        assert params.data.dataset.startswith("wmt14")
+        assert params.model.preset in ("base", "big")
+
+
+def setter(section, key, value):
+    def edit(p):
+        p[section][key] = value
+    return edit
+
+
+def deleter(section):
+    def edit(p):
+        del p[section]
+    return edit
+
+
+BAD = [
+    (setter("train", "max_tokens", -5), "params.yaml: train.max_tokens must be a positive integer, got -5"),
+    (setter("train", "max_tokens", "many"), "params.yaml: train.max_tokens must be an integer, got 'many'"),
+    (setter("train", "update_freq", 0), "params.yaml: train.update_freq must be a positive integer, got 0"),
+    (setter("train", "lr_scale", -1.0), "params.yaml: train.lr_scale must be a non-negative number, got -1.0"),
+    (setter("train", "label_smoothing", 1.0), "params.yaml: train.label_smoothing must be in [0, 1), got 1.0"),
+    (setter("train", "precision", "fp8"), "params.yaml: train.precision must be one of ('fp32', 'bf16', 'fp16'), got 'fp8'"),
+    (setter("train", "device", "tpu"), "params.yaml: train.device must be auto, cpu or cuda, got 'tpu'"),
+    (setter("train", "nan_policy", "ignore"), "params.yaml: train.nan_policy must be 'skip' or 'stop', got 'ignore'"),
+    (setter("train", "max_epochs", True), "params.yaml: train.max_epochs must be an integer, got True"),
+    (setter("train", "warmup_stepz", 10), "params.yaml: unknown key train.warmup_stepz"),
+    (setter("model", "preset", "huge"), "params.yaml: model.preset 'huge' does not exist"),
+    (setter("model", "n_heads", 7), "params.yaml: model.d_model (256) must be divisible by model.n_heads (7)"),
+    (setter("model", "dropout", 1.5), "params.yaml: model.dropout must be a number in [0, 1), got 1.5"),
+    (setter("model", "activation", "swish"), "params.yaml: model.activation must be one of ('relu', 'gelu'), got 'swish'"),
+    (setter("model", "positional", "rotary"), "params.yaml: model.positional must be one of"),
+    (setter("model", "depth", 3), "params.yaml: unknown key model.depth"),
+    (setter("data", "dataset", "nope"), "data.dataset 'nope' is not in the registry"),
+    (setter("data", "tgt_lang", "en"), "data.src_lang and data.tgt_lang are both 'en'"),
+    (setter("data", "test_sets", []), "data.test_sets must name at least one test set"),
+    (setter("data", "test_sets", "test_2016_flickr"), "params.yaml: data.test_sets must be a list"),
+    (setter("data", "max_ratio", 0.5), "data.max_ratio must be at least 1, got 0.5"),
+    (setter("tokenizer", "vocab_size", 8), "tokenizer.vocab_size must be at least 16, got 8"),
+    (setter("tokenizer", "model_type", "wordpiece"), "tokenizer.model_type must be bpe or unigram, got 'wordpiece'"),
+    (setter("average", "last_n", 0), "average.last_n must be positive, got 0"),
+    (setter("evaluate", "beam_size", 0), "evaluate.beam_size must be positive, got 0"),
+    (setter("evaluate", "alpha", -0.1), "evaluate.alpha must be >= 0, got -0.1"),
+    (setter("evaluate", "precision", "int8"), "evaluate.precision must be fp32 or bf16, got 'int8'"),
+    (setter("tracking", "experiment", " "), "tracking.experiment must not be empty"),
+    (lambda p: p.update(trian={}), "params.yaml: unknown section trian"),
+    (lambda p: p["train"].update(max_epochs=0, max_steps=0, max_minutes=0), "params.yaml: train needs a limit"),
+]
+
+
+@pytest.mark.parametrize("edit, message", BAD, ids=[m[:40] for _, m in BAD])
+def test_bad_values_name_their_key(tmp_path, edit, message):
+    path = write(tmp_path, edit)
+    with pytest.raises(ParamsError) as err:
+        load_params(path)
+    text = str(err.value)
+    assert message in text
+    assert "\n" not in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]  # nothing written
+
+
+def test_not_yaml_and_missing_file(tmp_path):
+    bad = tmp_path / "params.yaml"
+    bad.write_text("train: [unclosed\n")
+    with pytest.raises(ParamsError, match="params.yaml is not valid YAML"):
+        load_params(bad)
+    with pytest.raises(ParamsError, match="does not exist"):
+        load_params(tmp_path / "missing.yaml")
