@@ -4,6 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PYTHONPATH := $(CURDIR)
+# DVC runs each stage's `python -m ...` through PATH: it must find the venv's python.
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: setup run test bench ui compare serve clean
 
