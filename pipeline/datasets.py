@@ -58,7 +58,7 @@ import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 if TYPE_CHECKING:  # pipeline.params imports this module; only the type is needed here
     from pipeline.params import DataParams
@@ -577,6 +577,23 @@ def _clean_reason(src: str, tgt: str, max_words: int, max_ratio: float) -> str |
     return None
 
 
+def _copy_clean(pairs: Iterable[tuple[str, str]], fs: Any, ft: Any, data: DataParams, dropped: dict[str, int],
+                reject: Callable[[str, int], str | None]) -> tuple[int, int]:
+    """Write the pairs that pass cleaning (and ``reject(src, kept so far)``) to ``fs``/``ft``;
+    count the others in ``dropped`` by reason. Returns (raw pairs, kept pairs)."""
+    raw = kept = 0
+    for s, t in pairs:
+        raw += 1
+        reason = _clean_reason(s, t, data.max_words, data.max_ratio) or reject(s, kept)
+        if reason is not None:
+            dropped[reason] += 1
+            continue
+        fs.write(s + "\n")
+        ft.write(t + "\n")
+        kept += 1
+    return raw, kept
+
+
 def _write_train(data: DataParams, corpora: list[tuple[Corpus, tuple[Path, Side], tuple[Path, Side]]],
                  out: Path) -> dict[str, Any]:
     dropped = {"empty": 0, "too_long": 0, "ratio": 0, "limit": 0}
@@ -585,19 +602,12 @@ def _write_train(data: DataParams, corpora: list[tuple[Corpus, tuple[Path, Side]
     with open(out / f"{TRAIN_SPLIT}.{data.src_lang}", "w", encoding="utf-8", newline="\n") as fs, \
             open(out / f"{TRAIN_SPLIT}.{data.tgt_lang}", "w", encoding="utf-8", newline="\n") as ft:
         for corpus, src, tgt in corpora:
-            before = raw
-            for s, t in read_pairs(src, tgt):
-                raw += 1
-                reason = _clean_reason(s, t, data.max_words, data.max_ratio)
-                if reason is None and data.limit_train_pairs and kept >= data.limit_train_pairs:
-                    reason = "limit"      # keep reading: raw counts and alignment cover the whole corpus
-                if reason is not None:
-                    dropped[reason] += 1
-                    continue
-                fs.write(s + "\n")
-                ft.write(t + "\n")
-                kept += 1
-            per_corpus[corpus.name] = raw - before
+            limit = data.limit_train_pairs - kept
+            # Past the limit, keep reading: raw counts and alignment cover the whole corpus.
+            r, k = _copy_clean(read_pairs(src, tgt), fs, ft, data, dropped,
+                               lambda s, done: "limit" if data.limit_train_pairs and done >= limit else None)
+            raw, kept = raw + r, kept + k
+            per_corpus[corpus.name] = r
     if kept == 0:
         detail = ", ".join(f"{k} {v}" for k, v in dropped.items() if v)
         raise DataError(f"{TRAIN_SPLIT}: no sentence pairs left after cleaning ({raw} raw pairs{'; dropped: ' + detail if detail else ''})")
@@ -642,19 +652,9 @@ def _append_incoming(data: DataParams, pairs: list[tuple[str, Path, Path]], out:
     with open(out / f"{TRAIN_SPLIT}.{data.src_lang}", "a", encoding="utf-8", newline="\n") as fs, \
             open(out / f"{TRAIN_SPLIT}.{data.tgt_lang}", "a", encoding="utf-8", newline="\n") as ft:
         for name, src, tgt in pairs:
-            raw = kept = 0
             sides = ((src, Side(RemoteFile(str(src)))), (tgt, Side(RemoteFile(str(tgt)))))
-            for s, t in read_pairs(*sides):
-                raw += 1
-                reason = _clean_reason(s, t, data.max_words, data.max_ratio)
-                if reason is None and s in held_out:
-                    reason = "overlap"
-                if reason is not None:
-                    dropped[reason] += 1
-                    continue
-                fs.write(s + "\n")
-                ft.write(t + "\n")
-                kept += 1
+            raw, kept = _copy_clean(read_pairs(*sides), fs, ft, data, dropped,
+                                    lambda s, done: "overlap" if s in held_out else None)
             per_pair[name] = {"raw": raw, "kept": kept, "files": [str(src), str(tgt)],
                               "sha256": [file_sha256(src), file_sha256(tgt)]}
     return {"pairs": per_pair, "raw": sum(p["raw"] for p in per_pair.values()),

@@ -181,7 +181,7 @@ def save_unsent(run_id: str, metrics: list[Metric]) -> None:
           file=sys.stderr, flush=True)
 
 
-def _safe(action: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+def best_effort(action: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
     """Run a tracking call; a failure is a warning, never the end of the stage's work."""
     try:
         return fn(*args, **kwargs)
@@ -228,7 +228,7 @@ class MlflowCallback(TrainerCallback):
         c.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in self.tags.items()])
 
     def on_train_start(self, trainer: Trainer) -> None:
-        _safe("run start", self._open_run)
+        best_effort("run start", self._open_run)
         if self.run_id is not None and self.client is not None:
             self.logger = BackgroundLogger(self.client, self.run_id)
         self.train_started = time.monotonic()
@@ -294,7 +294,7 @@ def stage_run(run_id: str | None, experiment: str, section_params: Mapping[str, 
 def log_metrics(run_id: str | None, metrics: Mapping[str, float], step: int = 0) -> None:
     if run_id:
         now = int(time.time() * 1000)
-        _safe("metrics", client().log_batch, run_id,
+        best_effort("metrics", client().log_batch, run_id,
               metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
 
 
@@ -304,11 +304,11 @@ def log_artifacts(run_id: str | None, files: Iterable[Path], artifact_path: str 
     c = client()
     for f in files:
         if Path(f).is_dir():
-            _safe("artifacts", c.log_artifacts, run_id, str(f), artifact_path)
+            best_effort("artifacts", c.log_artifacts, run_id, str(f), artifact_path)
         elif Path(f).is_file():
-            _safe("artifact", c.log_artifact, run_id, str(f), artifact_path)
+            best_effort("artifact", c.log_artifact, run_id, str(f), artifact_path)
 
 
 def finish_run(run_id: str | None, status: str = "FINISHED") -> None:
     if run_id:
-        _safe("run end", client().set_terminated, run_id, status)
+        best_effort("run end", client().set_terminated, run_id, status)

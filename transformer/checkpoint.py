@@ -65,12 +65,16 @@ def model_checkpoint(model: Transformer, **extra: Any) -> dict[str, Any]:
 
 def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Transformer:
     """Rebuild a ``Transformer`` from a checkpoint written by ``model_checkpoint`` or the Trainer."""
-    ckpt = load_checkpoint(path, map_location)
+    return model_from_checkpoint(load_checkpoint(path, map_location), str(path)).to(map_location)
+
+
+def model_from_checkpoint(ckpt: dict[str, Any], source: str = "checkpoint") -> Transformer:
+    """Rebuild a ``Transformer`` from an already loaded model checkpoint."""
     if "model_config" not in ckpt or "model" not in ckpt:
-        raise CheckpointError(f"checkpoint {path} has no model_config/model entries")
+        raise CheckpointError(f"{source} has no model_config/model entries")
     model = Transformer(ModelConfig.from_dict(ckpt["model_config"]))
-    load_state(model, ckpt["model"], source=str(path))
-    return model.to(map_location)
+    load_state(model, ckpt["model"], source=source)
+    return model
 
 
 def load_state(model: Transformer, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:

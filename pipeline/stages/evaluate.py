@@ -16,7 +16,7 @@ from pipeline.attention_plots import plot_attention
 from pipeline.io import read_lines, write_json, write_lines
 from pipeline.params import Params, ParamsError, load_params, run_stage
 from pipeline.translation import Translator
-from transformer.checkpoint import load_checkpoint, load_model
+from transformer.checkpoint import load_checkpoint, model_from_checkpoint
 from transformer.precision import default_device
 from transformer.search import attention_weights
 from transformer.tokenizer import Tokenizer
@@ -31,11 +31,16 @@ def score(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
             "signature": str(bleu.get_signature()), "chrf_signature": str(chrf.get_signature())}
 
 
-def load_translator(params: Params, device: torch.device | None = None) -> Translator:
+def load_averaged() -> dict[str, Any]:
+    """The averaged model checkpoint (weights, config, the tracking run it belongs to)."""
     for needed in (paths.AVERAGED_MODEL, paths.TOKENIZER_MODEL):
         if not needed.is_file():
             raise ParamsError(f"{needed} does not exist: run the earlier stages first (dvc repro)")
-    model = load_model(paths.AVERAGED_MODEL, device or default_device())
+    return load_checkpoint(paths.AVERAGED_MODEL)
+
+
+def load_translator(params: Params, checkpoint: dict[str, Any], device: torch.device | None = None) -> Translator:
+    model = model_from_checkpoint(checkpoint, str(paths.AVERAGED_MODEL)).to(device or default_device())
     e = params.evaluate
     return Translator(model, Tokenizer(paths.TOKENIZER_MODEL), e.beam_size, e.alpha, e.max_len_b, e.batch_sentences,
                       e.precision)
@@ -59,7 +64,8 @@ def draw_attention(translator: Translator, sources: list[str], count: int,
 
 def evaluate(params: Params) -> dict[str, dict[str, Any]]:
     start_all = time.monotonic()
-    translator = load_translator(params)
+    checkpoint = load_averaged()
+    translator = load_translator(params, checkpoint)
     data = params.data
     metrics: dict[str, dict[str, Any]] = {}
     for test_set in data.test_sets:
@@ -80,15 +86,15 @@ def evaluate(params: Params) -> dict[str, dict[str, Any]]:
             draw_attention(translator, sources, params.evaluate.attention_sentences,
                            paths.ATTENTION_DIR)
     write_json(paths.METRICS, metrics)
-    track(params, metrics, time.monotonic() - start_all)
+    track(params, metrics, time.monotonic() - start_all,
+          checkpoint.get("callbacks", {}).get(tracking.RUN_ID_KEY))
     return metrics
 
 
-def track(params: Params, metrics: dict[str, dict[str, Any]], seconds: float) -> None:
+def track(params: Params, metrics: dict[str, dict[str, Any]], seconds: float, run_id: str | None) -> None:
     """Log scores, attention maps, translations and the registered pyfunc model into the run."""
     from pipeline.mlflow_model import log_translator
 
-    run_id = load_checkpoint(paths.AVERAGED_MODEL).get("callbacks", {}).get(tracking.RUN_ID_KEY)
     section = {k: v for k, v in params.flat().items() if k.startswith("evaluate.")}
     run_id = tracking.stage_run(run_id, params.tracking.experiment, section, "evaluate")
     if run_id is None:
@@ -100,7 +106,7 @@ def track(params: Params, metrics: dict[str, dict[str, Any]], seconds: float) ->
     tracking.log_artifacts(run_id, [paths.ATTENTION_DIR], "attention")
     tracking.log_artifacts(run_id, [paths.TRANSLATIONS_DIR], "translations")
     tracking.log_artifacts(run_id, [Path("params.yaml"), Path("dvc.lock"), paths.METRICS], "run")
-    version = tracking._safe("model logging", log_translator, run_id, paths.AVERAGED_MODEL,
+    version = tracking.best_effort("model logging", log_translator, run_id, paths.AVERAGED_MODEL,
                              paths.TOKENIZER_MODEL, params.tracking.registered_model,
                              params.evaluate.beam_size, params.evaluate.alpha)
     if version:
