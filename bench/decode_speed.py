@@ -69,8 +69,8 @@ class PrefixCache:
         self.prefix = tokens if self.prefix is None else torch.cat([self.prefix, tokens], dim=1)
         return self.prefix
 
-    def reorder(self, index: Tensor) -> None:
-        self.prefix = self.prefix.index_select(0, index)
+    def reorder(self, index: Tensor, memory_index: Tensor | None = None) -> None:
+        self.prefix = self.prefix.index_select(0, index)  # memory is passed anew at every step
 
 
 class NaiveDecoder(nn.Module):

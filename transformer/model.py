@@ -34,10 +34,16 @@ class DecoderCache:
         """Number of target positions decoded so far."""
         return self.self_attn[0].length
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index``: beam reordering and dropping finished sentences."""
-        for cache in (*self.self_attn, *self.cross_attn):
+    def reorder(self, index: Tensor, memory_index: Tensor | None = None) -> None:
+        """Keep batch rows ``index``: beam reordering and dropping finished sentences.
+
+        ``memory_index`` selects the cross-attention rows instead, when those hold one row
+        per sentence shared by its hypotheses (see ``MultiHeadAttention``); None: ``index``.
+        """
+        for cache in self.self_attn:
             cache.reorder(index)
+        for cache in self.cross_attn:
+            cache.reorder(index if memory_index is None else memory_index)
 
 
 @dataclass
@@ -121,7 +127,9 @@ class Transformer(nn.Module):
     ) -> Tensor:
         """Decoder stack and output projection (§3.1, §3.4). tgt (B, T) -> logits (B, T, V).
 
-        With ``cache``, tgt holds only positions cache.length .. cache.length+T-1.
+        With ``cache``, tgt holds only positions cache.length .. cache.length+T-1. ``memory``
+        (M, S, D) and ``src_mask`` (M, 1, 1, S) may hold one row per group of B / M consecutive
+        target rows (the hypotheses of one sentence in beam search).
         """
         offset = cache.length if cache is not None else 0
         x = self.tgt_embed(tgt, offset)

@@ -92,39 +92,51 @@ def beam_search(model: Transformer, src: Tensor, *, beam_size: int = 4, alpha: f
     stops once it has ``beam_size`` finished hypotheses that its best live hypothesis could
     not beat at its current length (or at its maximum length), and is then dropped from the
     batch, so later steps only compute live sentences.
+
+    The work per step is the decoder on one new position per live hypothesis: the first
+    step expands one hypothesis per sentence (the K beams would be identical), the K
+    hypotheses of a sentence share its encoder output and cross-attention keys and values,
+    and only each hypothesis's 2K best tokens enter the sentence's ranking.
     """
-    model.eval()
     k = beam_size
+    vocab = model.config.vocab_size
+    if not 1 <= k <= vocab // 2:
+        raise ValueError(f"beam_size must be between 1 and half the vocabulary ({vocab // 2}), got {k}")
+    model.eval()
     memory, src_mask = model.encode(src)
     n_sent, device = src.size(0), src.device
-    max_lens = _max_lengths(src_mask, max_len_b, model.config.max_positions)
+    max_lens = _max_lengths(src_mask, max_len_b, model.config.max_positions)  # per live sentence
     longest = int(max_lens.max())
-    rows = torch.arange(n_sent, device=device).repeat_interleave(k)
-    memory, src_mask, max_lens = memory[rows], src_mask[rows], max_lens[rows]
 
     active = torch.arange(n_sent, device=device)  # original index of each live sentence
     fin_scores = torch.full((n_sent, k), float("-inf"), device=device)
     fin_tokens = torch.full((n_sent, k, longest), model.config.pad_id, dtype=torch.long, device=device)
-    beam_scores = torch.full((n_sent, k), float("-inf"), device=device)
-    beam_scores[:, 0] = 0.0  # all beams start identical: expand only the first
-    tokens = src.new_full((n_sent * k, 1), bos_id)
+    width = 1  # live hypotheses per sentence: 1 before the first step, K after
+    beam_scores = torch.zeros(n_sent, width, device=device)
+    tokens = src.new_full((n_sent, 1), bos_id)
     cache = model.new_cache()
-    vocab = model.config.vocab_size
     is_eos_column = torch.arange(vocab, device=device) == eos_id
 
     for t in range(longest):
         n = active.numel()
-        lprobs = torch.log_softmax(model.decode(tokens[:, -1:], memory, src_mask, cache)[:, -1].float(), -1)
+        logits = model.decode(tokens[:, -1:], memory, src_mask, cache)[:, -1].float()  # (n * width, V)
+        log_z = logits.logsumexp(dim=-1, keepdim=True)
         at_limit = t + 1 >= max_lens  # only EOS may follow; it keeps its own log-probability
-        lprobs[at_limit] = lprobs[at_limit].masked_fill(~is_eos_column, float("-inf"))
-        cand = (beam_scores.unsqueeze(-1) + lprobs.view(n, k, vocab)).view(n, k * vocab)
+        if bool(at_limit.any()):
+            rows = at_limit.repeat_interleave(width)
+            logits[rows] = logits[rows].masked_fill(~is_eos_column, float("-inf"))
+        # A sentence's 2K best continuations are among the 2K best tokens of each hypothesis:
+        # ranking those alone spares a pass over width x V scores.
+        row_scores, row_tokens = logits.topk(2 * k, dim=-1)
+        cand = (beam_scores.unsqueeze(-1) + (row_scores - log_z).view(n, width, 2 * k)).view(n, -1)
         top_scores, top_index = cand.topk(2 * k, dim=-1)  # (n, 2K), best first
-        top_beam, top_token = top_index // vocab, top_index % vocab
+        top_beam = top_index // (2 * k)
+        top_token = row_tokens.view(n, -1).gather(1, top_index)
         is_eos = top_token == eos_id
 
         # Finish EOS candidates among the best K, merged with earlier finished ones.
         new_fin = torch.where(is_eos[:, :k], top_scores[:, :k] / length_penalty(t + 1, alpha), float("-inf"))
-        prefix = tokens.view(n, k, t + 1)[:, :, 1:].gather(1, top_beam[:, :k, None].expand(-1, -1, t))
+        prefix = tokens.view(n, width, t + 1)[:, :, 1:].gather(1, top_beam[:, :k, None].expand(-1, -1, t))
         new_tokens = torch.full((n, k, longest), model.config.pad_id, dtype=torch.long, device=device)
         new_tokens[:, :, :t] = prefix
         new_tokens[:, :, t] = eos_id
@@ -137,25 +149,27 @@ def beam_search(model: Transformer, src: Tensor, *, beam_size: int = 4, alpha: f
         # The best K candidates that do not end in EOS continue.
         alive_scores, alive_pos = top_scores.masked_fill(is_eos, float("-inf")).topk(k, dim=1)
         beam_scores = alive_scores
-        source_rows = (torch.arange(n, device=device)[:, None] * k + top_beam.gather(1, alive_pos)).view(-1)
+        source_rows = (torch.arange(n, device=device)[:, None] * width + top_beam.gather(1, alive_pos)).view(-1)
         tokens = torch.cat([tokens[source_rows], top_token.gather(1, alive_pos).view(-1, 1)], dim=1)
         for c in cache.self_attn:
             c.reorder(source_rows)
+        width = k
 
         # Done: K finished hypotheses, none of which the best live one could still beat at its
         # current length (the stopping rule of Hugging Face's beam search; fairseq's "K finished"
-        # alone can stop before the best path ends when weak beams finish first).
+        # alone can stop before the best path ends when weak beams finish first), or no live one.
         worst_finished = fin_scores[active, k - 1]
-        done = (worst_finished > float("-inf")) & (worst_finished >= beam_scores[:, 0] / length_penalty(t + 1, alpha))
+        best_live = beam_scores[:, 0]
+        done = (best_live == float("-inf")) | ((worst_finished > float("-inf"))
+                                               & (worst_finished >= best_live / length_penalty(t + 1, alpha)))
         if bool(done.all()):
             break
         if bool(done.any()):
             keep = (~done).nonzero().squeeze(-1)
             keep_rows = (keep[:, None] * k + torch.arange(k, device=device)).view(-1)
-            active, beam_scores = active[keep], beam_scores[keep]
-            tokens, memory, src_mask, max_lens = (tokens[keep_rows], memory[keep_rows],
-                                                  src_mask[keep_rows], max_lens[keep_rows])
-            cache.reorder(keep_rows)
+            active, beam_scores, max_lens = active[keep], beam_scores[keep], max_lens[keep]
+            tokens, memory, src_mask = tokens[keep_rows], memory[keep], src_mask[keep]
+            cache.reorder(keep_rows, memory_index=keep)
 
     best = fin_tokens[:, 0].tolist()
     return SearchResult([_strip(row, eos_id, model.config.pad_id) for row in best], fin_scores[:, 0].tolist())

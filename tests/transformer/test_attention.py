@@ -238,6 +238,41 @@ def test_kv_cache_append_and_reorder():
     assert torch.equal(cache.k[0], k[2]) and torch.equal(cache.k[1], k[2]) and torch.equal(cache.v[2], v[0])
 
 
+def test_kv_cache_is_contiguous():
+    """A strided cache would make every decoding step copy it before the matrix products."""
+    cache = KVCache()
+    kv = torch.randn(3, 5, 2, 4).transpose(1, 2)  # (B, h, T, d) as split from a projection: strided
+    k, v = cache.append(kv, kv)
+    assert k.is_contiguous() and v.is_contiguous() and torch.equal(k, kv)
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_cross_attention_shares_memory_across_groups_of_rows(cached):
+    """Beam search passes one memory row per sentence for its K hypotheses: the same outputs
+    and weights as with the memory repeated K times, with keys and values cached once per sentence."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(8, 2).eval()
+    sentences, beam, t, s = 3, 4, 2, 5
+    memory = torch.randn(sentences, s, 8)
+    mask = torch.ones(sentences, 1, 1, s, dtype=torch.bool)
+    mask[1, ..., 3:] = False
+    x = torch.randn(sentences * beam, t, 8)
+    rows = torch.arange(sentences).repeat_interleave(beam)
+    cache = KVCache() if cached else None
+    shared, shared_w = mha(x, memory, mask, cache=cache, need_weights=True)
+    repeated, repeated_w = mha(x, memory[rows], mask[rows], need_weights=True)
+    assert shared.shape == (12, 2, 8) and shared_w.shape == (12, 2, 2, 5)
+    assert float((shared - repeated).abs().max()) < 1e-6
+    assert float((shared_w - repeated_w).abs().max()) < 1e-6
+    assert float(shared_w[4:8, :, :, 3:].abs().max()) == 0.0  # sentence 1's padding, for all its rows
+    if cached:
+        assert cache.k.shape == (3, 2, 5, 4)
+        again, _ = mha(x, memory, mask, cache=cache)
+        assert torch.equal(again, shared)
+    with pytest.raises(ValueError, match="cannot share"):
+        mha(x[:10], memory, mask)
+
+
 def test_attention_dropout_only_in_training():
     mha = MultiHeadAttention(8, 2, attention_dropout=0.5)
     x = torch.randn(2, 6, 8)

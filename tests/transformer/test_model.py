@@ -101,6 +101,22 @@ def test_cache_reorder_follows_rows(model):
     assert max_diff(step[:, 0], full[:, 2]) < 1e-5
 
 
+@torch.no_grad()
+def test_cache_reorder_with_memory_shared_by_groups(model):
+    """Beam search: two hypotheses per sentence share one memory row; dropping sentence 0
+    keeps hypothesis rows 2-3 and memory row 1 (``memory_index``)."""
+    src = pad_batch([[5, 6, 7], [8, 9, 10, 11]])
+    tgt = torch.tensor([[BOS_ID, 5, 6], [BOS_ID, 7, 8], [BOS_ID, 9, 10], [BOS_ID, 11, 12]])
+    memory, src_mask = model.encode(src)
+    cache = model.new_cache()
+    model.decode(tgt[:, :2], memory, src_mask, cache)
+    assert cache.cross_attn[0].k.size(0) == 2 and cache.self_attn[0].k.size(0) == 4
+    cache.reorder(torch.tensor([3, 2]), memory_index=torch.tensor([1]))
+    step = model.decode(tgt[[3, 2], 2:3], memory[1:], src_mask[1:], cache)
+    full = model.decode(tgt[[3, 2]], memory[[1, 1]], src_mask[[1, 1]])
+    assert max_diff(step[:, 0], full[:, 2]) < 1e-5
+
+
 def test_weight_tying():
     model = tiny_model()
     assert model.output.weight is model.tgt_embed.tokens.weight

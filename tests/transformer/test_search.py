@@ -212,3 +212,12 @@ def test_max_output_length_is_clamped_to_max_positions(search):
     result = greedy_search(model, src) if search == "greedy" else beam_search(model, src, beam_size=2)
     assert [len(h) + 1 for h in result.hypotheses] == [12, 12]
     assert len(calls) == 12
+
+
+def test_beam_size_must_fit_the_vocabulary():
+    model = tiny_model()
+    src = pad_batch([[5, 6, 7]])
+    with pytest.raises(ValueError, match="beam_size must be between 1 and half the vocabulary"):
+        beam_search(model, src, beam_size=model.config.vocab_size)
+    with pytest.raises(ValueError, match="beam_size"):
+        beam_search(model, src, beam_size=0)
