@@ -25,6 +25,11 @@ class CurveWriter(TrainerCallback):
     def checkpoint_state(self) -> dict[str, Any]:
         return {"curves": self.rows}
 
+    def history(self) -> list[tuple[int, dict[str, float]]]:
+        """Every point so far as (step, metrics named as the trainer named them, e.g. ``train/loss``)."""
+        return [(int(row["step"]), {f"{kind}/{k}": v for k, v in row.items() if k != "step"})
+                for kind, rows in self.rows.items() for row in rows]
+
     def _write(self, kind: str) -> None:
         rows = self.rows[kind]
         if not rows:

@@ -412,11 +412,13 @@ def fetch_file(
     checksums_file: Path | None = None,
     retries: int = DOWNLOAD_RETRIES,
     progress: bool | None = None,
+    record: bool = True,
 ) -> tuple[Path, str, str]:
     """A verified copy of ``file`` in ``cache_dir/<spec.cache_name>/<file.path>``.
 
     The expected sha256 is the published one, else the one recorded in the checksums file;
-    with neither, the file is trusted on first use and its hash recorded. Returns the cached
+    with neither, the file is trusted on first use and its hash recorded (unless ``record`` is
+    False: ``prepare_corpus`` records only once the file proved readable). Returns the cached
     path, its sha256 and where that hash came from (``published``, ``recorded`` or
     ``first-download``). Any failure (missing file, network error after ``retries`` retries,
     hash mismatch) raises ``DataError`` and leaves no unverified file in the cache.
@@ -464,7 +466,7 @@ def fetch_file(
             message = " ".join(str(err).split())
             raise DataError(f"could not download {base}{file.path} after {retries + 1} attempt(s): {message}") from None
         actual = expected or file_sha256(target)
-    if expected is None:
+    if expected is None and record:
         record_checksum(url, actual, checksums_file)
     return target, actual, origin
 
@@ -742,7 +744,7 @@ def prepare_corpus(
     sources = []
     for file, members in needed.items():
         path, digest, origin = fetch_file(spec, file, cache_dir, mirror, checksums_file=checksums_file,
-                                          retries=retries, progress=progress)
+                                          retries=retries, progress=progress, record=False)
         sources.append({"url": spec.url(file), "sha256": digest, "hash": origin})
         local[(file, None)] = path
         if members:
@@ -799,4 +801,9 @@ def prepare_corpus(
         _replace_dir(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    # Trust on first use, recorded only now: a download that turned out truncated or unreadable
+    # (a broken archive, misaligned files) must not become the reference for every later run.
+    for source in sources:
+        if source["hash"] == "first-download":
+            record_checksum(source["url"], source["sha256"], checksums_file)
     return result

@@ -65,11 +65,17 @@ class DataParams:
 
 @dataclass(frozen=True)
 class TokenizerParams:
+    """The joint SentencePiece model (§5.1). ``model_from`` ("" = train one) names a SentencePiece
+    model file that the tokenizer stage copies instead of training: the tokenizer that initial
+    weights (``train.init_from``) were trained with. Its vocabulary must have ``vocab_size`` pieces;
+    the other keys do not apply to it."""
+
     vocab_size: int = 8000
     model_type: str = "bpe"
     character_coverage: float = 1.0
     input_sentence_size: int = 2_000_000
     seed: int = 1
+    model_from: str = ""
 
     def __post_init__(self) -> None:
         if self.vocab_size < 16:
@@ -141,12 +147,14 @@ class TrackingParams:
             raise ValueError("tracking.registered_model must not be empty")
 
 
-RETRAIN_MODES = ("scratch",)
+RETRAIN_MODES = ("scratch", "finetune")
 
 
 @dataclass(frozen=True)
 class FlowsParams:
-    """The Prefect flows (pipeline/flows): the retraining schedule and the promotion gate."""
+    """The Prefect flows (pipeline/flows): the retraining schedule and the promotion gate.
+    ``retrain_mode``: ``scratch`` trains a new model from random weights, ``finetune`` from the
+    champion's weights and tokenizer (the flow sets ``train.init_from`` and ``tokenizer.model_from``)."""
 
     schedule_cron: str = "0 3 * * 1"
     schedule_timezone: str = "UTC"
@@ -175,9 +183,6 @@ class FlowsParams:
             raise ValueError(f"flows.schedule_timezone {self.schedule_timezone!r} is not an IANA time zone") from None
         if not self.deployment_name.strip() or any(c in self.deployment_name for c in "/%"):
             raise ValueError(f"flows.deployment_name must be non-empty without '/' or '%', got {self.deployment_name!r}")
-        if self.retrain_mode == "finetune":
-            raise ValueError("flows.retrain_mode finetune is not available yet: it needs the train stage to start "
-                             "from the champion's weights and tokenizer (a train.init_from param); use scratch")
         if self.retrain_mode not in RETRAIN_MODES:
             raise ValueError(f"flows.retrain_mode must be one of {', '.join(RETRAIN_MODES)}, got {self.retrain_mode!r}")
         if not 0 < self.significance < 1:
@@ -291,7 +296,10 @@ def load_params(path: str | os.PathLike = PARAMS_FILE) -> Params:
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
-        raise ParamsError(f"params.yaml is not valid YAML: {err}") from None
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        reason = getattr(err, "problem", None) or " ".join(str(err).split())
+        raise ParamsError(f"params.yaml is not valid YAML{where}: {reason}") from None
     if not isinstance(raw, dict):
         raise ParamsError("params.yaml must be a mapping of sections")
     unknown = sorted(set(raw) - set(SECTIONS))
@@ -303,7 +311,21 @@ def load_params(path: str | os.PathLike = PARAMS_FILE) -> Params:
         if test_set not in built["data"].test_sets:
             raise ParamsError(f"params.yaml: flows.guarded_test_sets: {test_set!r} is not in data.test_sets "
                               f"({', '.join(built['data'].test_sets)})")
+    _check_init_files(built["train"], built["tokenizer"], path.parent)
     return Params(**built, raw=raw)
+
+
+def _check_init_files(train: TrainConfig, tokenizer: TokenizerParams, root: Path) -> None:
+    """Fine-tuning's inputs exist, and come as a pair: initial weights only make sense with the
+    tokenizer they were trained with (their embedding rows are its pieces). Relative paths are
+    relative to the repository root, where params.yaml is and DVC runs the stages."""
+    for key, value in (("train.init_from", train.init_from), ("tokenizer.model_from", tokenizer.model_from)):
+        if value and not (root / value).is_file():
+            where = "" if Path(value).is_absolute() else f" in {root.resolve()}"
+            raise ParamsError(f"params.yaml: {key} {value} does not exist{where}")
+    if train.init_from and not tokenizer.model_from:
+        raise ParamsError(f"params.yaml: train.init_from is {train.init_from} but tokenizer.model_from is empty: "
+                          "initial weights need the tokenizer they were trained with (set tokenizer.model_from)")
 
 
 def run_stage(main: Callable[[], None]) -> None:
@@ -316,5 +338,6 @@ def run_stage(main: Callable[[], None]) -> None:
     try:
         main()
     except (ParamsError, DataError, CheckpointError, OutOfMemoryError, NonFiniteLossError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        message = "; ".join(line.strip() for line in str(err).splitlines() if line.strip())  # one line, always
+        print(f"error: {message}", file=sys.stderr)
         sys.exit(2)

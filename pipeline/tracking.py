@@ -201,9 +201,30 @@ class MlflowCallback(TrainerCallback):
         self.logger: BackgroundLogger | None = None
         self.client: MlflowClient | None = None
         self.train_started = 0.0
+        self.history: list[tuple[int, dict[str, float]]] = []
 
-    def restore(self, state: Mapping[str, Any]) -> None:
+    def restore(self, state: Mapping[str, Any], history: Iterable[tuple[int, Mapping[str, float]]] = ()) -> None:
+        """Continue the checkpoint's run. ``history``: every (step, metrics) the run logged up to the
+        checkpoint (the curves kept in it); those the run lacks are sent again when training starts,
+        since a killed process loses what its background logger had not sent yet."""
         self.run_id = state.get(RUN_ID_KEY) or None
+        self.history = [(step, dict(metrics)) for step, metrics in history]
+
+    def _send_missing_history(self) -> None:
+        if not (self.history and self.run_id and self.client and self.logger):
+            return
+        by_key: dict[str, list[tuple[int, float]]] = {}
+        for step, metrics in self.history:
+            for key, value in metrics.items():
+                by_key.setdefault(key, []).append((step, value))
+        now, missing = int(time.time() * 1000), []
+        for key, points in by_key.items():
+            logged = {m.step for m in self.client.get_metric_history(self.run_id, key)}
+            missing += [Metric(key, float(value), now, step) for step, value in points if step not in logged]
+        for metric in missing:
+            self.logger.queue.put(metric)
+        if missing:
+            print(f"MLflow: sending again {len(missing)} metric values the interrupted run had not sent", flush=True)
 
     def checkpoint_state(self) -> dict[str, Any]:
         return {RUN_ID_KEY: self.run_id} if self.run_id else {}
@@ -231,6 +252,7 @@ class MlflowCallback(TrainerCallback):
         best_effort("run start", self._open_run)
         if self.run_id is not None and self.client is not None:
             self.logger = BackgroundLogger(self.client, self.run_id)
+            best_effort("history check", self._send_missing_history)
         self.train_started = time.monotonic()
 
     def on_log(self, step: int, metrics: dict[str, float]) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -55,7 +57,19 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # torch raises several types for bad or unsafe files
-        raise CheckpointError(f"checkpoint {path} cannot be loaded safely: {err}") from err
+        hint = "" if zipfile.is_zipfile(path) else " (not the zip archive torch.save writes: is it a checkpoint?)"
+        raise CheckpointError(f"checkpoint {path} cannot be loaded safely: {_load_failure(err)}{hint}") from err
+
+
+def _load_failure(err: Exception) -> str:
+    """torch.load's error in one line: for a file that would run code (refused by ``weights_only``)
+    the unpickler's reason, without torch's advice to allowlist it; else the first line."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    for line in lines:
+        if "WeightsUnpickler error:" in line:
+            reason = line.split("WeightsUnpickler error:", 1)[1].split(" Please use", 1)[0].strip()
+            return f"Weights only load failed: {reason} (refused: unpickling it could run code)"
+    return f"{type(err).__name__}: {lines[0]}" if lines else f"{type(err).__name__} (empty or truncated file?)"
 
 
 def model_checkpoint(model: Transformer, **extra: Any) -> dict[str, Any]:
@@ -106,10 +120,15 @@ def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict[str, Any]:
     config = None
     for path in paths:
         ckpt = load_checkpoint(path)
+        if not isinstance(ckpt, dict) or "model_config" not in ckpt or "model" not in ckpt:
+            raise CheckpointError(f"{path} has no model_config/model entries: not a model checkpoint")
         if config is None:
             config = ckpt["model_config"]
         elif ckpt["model_config"] != config:
-            raise CheckpointError(f"{path} has a different model config from {paths[0]}")
+            differ = ", ".join(f"{k} {ckpt['model_config'].get(k)!r} (vs {config.get(k)!r})"
+                               for k in sorted(set(config) | set(ckpt["model_config"]))
+                               if config.get(k) != ckpt["model_config"].get(k))
+            raise CheckpointError(f"{path} has a different model config from {paths[0]}: {differ}")
         for name, tensor in ckpt["model"].items():
             if name in total:
                 total[name] += tensor.double()
@@ -118,3 +137,47 @@ def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict[str, Any]:
     averaged = {name: (t / len(paths)).to(dtypes[name]) for name, t in total.items()}
     return {"model_config": config, "model": averaged, "averaged_from": [str(p) for p in paths],
             "callbacks": ckpt.get("callbacks", {})}
+
+
+def file_sha256(path: str | os.PathLike, chunk_bytes: int = 1 << 20) -> str:
+    """Hex sha256 of a file's bytes, read in chunks (a big model's file is ~1 GB)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_bytes):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def config_differences(checkpoint_config: dict[str, Any], config: ModelConfig) -> dict[str, tuple[Any, Any]]:
+    """Model config fields whose value in a checkpoint differs from ``config``'s:
+    ``{field: (checkpoint's value, config's value)}``. A checkpoint written before a field existed
+    counts with that field's default (``ModelConfig.from_dict`` fills it in)."""
+    try:
+        stored = ModelConfig.from_dict(checkpoint_config).to_dict()
+    except (ValueError, TypeError) as err:
+        raise CheckpointError(f"the checkpoint's model config is not usable: {err}") from None
+    own = config.to_dict()
+    return {name: (stored.get(name), own[name]) for name in own if stored.get(name) != own[name]}
+
+
+def init_weights(model: Transformer, path: str | os.PathLike, map_location: str | torch.device = "cpu") -> str:
+    """Copy the weights of the model checkpoint ``path`` into ``model`` (the start of a fine-tuning);
+    returns the sha256 of the file's bytes, the identity of the starting point.
+
+    Only the weights are taken: an averaged model (§6.1) has no optimiser or schedule state, and a
+    training checkpoint's (and any tracking run id it carries) belong to another training. The
+    checkpoint's model config must equal ``model.config``: a ``CheckpointError`` names every field
+    that differs (a different ``vocab_size`` means another tokenizer, whose ids the weights do not
+    index).
+    """
+    ckpt = load_checkpoint(path, map_location)
+    if not isinstance(ckpt, dict) or "model_config" not in ckpt or "model" not in ckpt:
+        raise CheckpointError(f"{path} has no model_config/model entries: not a model checkpoint")
+    differences = config_differences(ckpt["model_config"], model.config)
+    if differences:
+        described = ", ".join(f"{name} {old!r} (this model: {new!r})" for name, (old, new) in differences.items())
+        hint = ("; another vocab_size means another tokenizer: use the one these weights were trained with"
+                if "vocab_size" in differences else "")
+        raise CheckpointError(f"{path} was trained with another model config: {described}{hint}")
+    load_state(model, ckpt["model"], str(path))
+    return file_sha256(path)

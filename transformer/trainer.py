@@ -4,6 +4,7 @@ The Trainer knows nothing of trackers: the pipeline observes it through ``Traine
 It runs on CUDA when present, else CPU, and under ``torchrun`` (DDP) without change.
 Resume is exact: model, optimiser, schedule, RNG states and the position in the data
 are all in the checkpoint, and the data order is a pure function of (seed, epoch).
+Fine-tuning: ``TrainConfig.init_from`` starts a new training from another model's weights.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .checkpoint import load_checkpoint, load_state, save_checkpoint
+from .checkpoint import CheckpointError, init_weights, load_checkpoint, load_state, save_checkpoint
 from .data import TokenBatchSampler, TokenStore, collate
 from .loss import label_smoothed_cross_entropy
 from .model import Transformer
@@ -31,10 +32,12 @@ from .precision import PRECISIONS, autocast, check_precision, default_device
 from .schedule import make_optimizer, make_scheduler
 
 CHECKPOINT_PATTERN = re.compile(r"checkpoint_(\d+)\.pt$")
-# TrainConfig fields that may change between a checkpoint and its resumption.
+# TrainConfig fields that may change between a checkpoint and its resumption. ``init_from`` is a
+# path: what counts is the file's content, its sha256 (``Trainer.fingerprint``'s "init"), so a moved
+# copy of the same file resumes and other bytes at the same path restart.
 RESUMABLE_CHANGES = {"max_steps", "max_epochs", "max_minutes", "log_every", "validate_every",
                      "checkpoint_every_steps", "checkpoint_every_minutes", "keep_checkpoints", "device",
-                     "compile", "nan_policy"}
+                     "compile", "nan_policy", "init_from"}
 
 
 def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> dict[str, tuple[Any, Any]]:
@@ -52,7 +55,13 @@ def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> 
 @dataclass(frozen=True)
 class TrainConfig:
     """Training hyper-parameters. ``max_tokens`` counts padded tokens per batch per device;
-    an update is ``update_freq`` batches (gradient accumulation)."""
+    an update is ``update_freq`` batches (gradient accumulation).
+
+    ``init_from`` ("" = random initialisation) names a model checkpoint (an averaged model or a
+    training checkpoint) whose weights a new training starts from: fine-tuning. Only the weights
+    are taken; the optimiser (Adam's moments) and the learning-rate schedule (eq. 3) start fresh,
+    warm-up included, as in a training from scratch.
+    """
 
     max_tokens: int = 4096
     update_freq: int = 1
@@ -75,6 +84,7 @@ class TrainConfig:
     compile: bool = False
     nan_policy: str = "skip"
     device: str = "auto"
+    init_from: str = ""
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "update_freq", "warmup_steps", "log_every", "keep_checkpoints", "pad_multiple"):
@@ -99,6 +109,8 @@ class TrainConfig:
             raise ValueError(f"train.nan_policy must be 'skip' or 'stop', got {self.nan_policy!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"train.device must be auto, cpu or cuda, got {self.device!r}")
+        if not isinstance(self.init_from, str):
+            raise ValueError(f"train.init_from must be a path (or \"\" for none), got {self.init_from!r}")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
@@ -162,6 +174,15 @@ class Trainer:
             torch.cuda.set_device(self.device)
         torch.manual_seed(config.seed)
         self.model = model.to(self.device)
+        # Fine-tuning: the starting weights go in before the optimiser, DDP (which broadcasts rank
+        # 0's weights) and compile see the model. A resumed training overwrites them with its own
+        # checkpoint in resume(); the file's sha256 is in the fingerprint, so another file restarts.
+        self.init_sha256 = ""
+        if config.init_from:
+            try:
+                self.init_sha256 = init_weights(self.model, config.init_from, map_location=self.device)
+            except CheckpointError as err:
+                raise CheckpointError(f"train.init_from: {err}") from None
         self.pad_id = model.config.pad_id
         self.train_data, self.valid_data = train_data, valid_data
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
@@ -220,15 +241,19 @@ class Trainer:
             torch.cuda.set_rng_state_all([s.cpu() for s in state["rng_cuda"]])
 
     def fingerprint(self) -> dict[str, Any]:
-        """What fixes the training trajectory: model and training settings and the data.
+        """What fixes the training trajectory: model and training settings, the data, and the
+        starting weights when fine-tuning (the sha256 of the ``init_from`` file).
 
         Limits (max_steps, max_epochs, max_minutes), logging and checkpoint intervals are left
         out: raising a limit and resuming gives the same result as training longer from scratch.
         """
         train = {k: v for k, v in asdict(self.config).items() if k not in RESUMABLE_CHANGES}
         data = hashlib.sha1(self.train_data.offsets["src"].tobytes() + self.train_data.offsets["tgt"].tobytes())
-        return {"model": self.model.config.to_dict(), "train": train, "world_size": self.world_size,
-                "data": f"{len(self.train_data)}:{data.hexdigest()}"}
+        fingerprint = {"model": self.model.config.to_dict(), "train": train, "world_size": self.world_size,
+                       "data": f"{len(self.train_data)}:{data.hexdigest()}"}
+        if self.init_sha256:   # absent for random weights: checkpoints from before init_from existed still match
+            fingerprint["init"] = self.init_sha256
+        return fingerprint
 
     def resume(self, on_change: str = "error") -> dict[str, Any] | None:
         """Load the newest checkpoint of ``checkpoint_dir``, if any; returns its callback state.
@@ -239,6 +264,9 @@ class Trainer:
         """
         if self.checkpoint_dir is None:
             return None
+        if self.rank == 0 and self.checkpoint_dir.is_dir():  # writes a kill cut short (atomic_write's temp files)
+            for stale in self.checkpoint_dir.glob(".checkpoint_*.tmp"):
+                stale.unlink(missing_ok=True)
         checkpoints = list_checkpoints(self.checkpoint_dir)
         if not checkpoints:
             return None

@@ -7,7 +7,8 @@ re-implement a stage.
     python -m pipeline.flows serve                       # the retraining flow on params.yaml's cron
 
 Modules: ``stages`` (DVC commands as tasks), ``gate`` (paired bootstrap and promotion, no
-Prefect), ``pipelines`` (the flows), ``serving`` (which Prefect API; the served deployment).
+Prefect), ``finetune`` (``flows.retrain_mode``: scratch or the champion's weights and tokenizer,
+no Prefect), ``pipelines`` (the flows), ``serving`` (which Prefect API; the served deployment).
 """
 
 from __future__ import annotations

@@ -224,18 +224,31 @@ def translate_with_version(client: MlflowClient, name: str, version: str, source
                            precision: str = "fp32", tracking_uri: str | None = None) -> dict[str, list[str]]:
     """Translate each test set's sources with a registered model version (its own checkpoint and
     tokenizer, the pyfunc model's artifacts) and the evaluate stage's decoding settings."""
-    import mlflow
-
     from pipeline.translation import Translator
     from transformer.checkpoint import load_model
     from transformer.precision import default_device
     from transformer.tokenizer import Tokenizer
 
-    uri = client.get_model_version_download_uri(name, version)
     with tempfile.TemporaryDirectory(prefix="champion-") as tmp:
-        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=tmp, tracking_uri=tracking_uri))
-        flavor = yaml.safe_load((local / "MLmodel").read_text())["flavors"]["python_function"]
-        files = {key: local / value["path"] for key, value in flavor["artifacts"].items()}
+        files = version_files(client, name, version, Path(tmp), tracking_uri)
         translator = Translator(load_model(files["model"], default_device()), Tokenizer(files["tokenizer"]),
                                 beam_size, alpha, max_len_b, batch_sentences, precision)
         return {test_set: translator.translate(list(lines)) for test_set, lines in sources.items()}
+
+
+def version_files(client: MlflowClient, name: str, version: str, dst: Path,
+                  tracking_uri: str | None = None) -> dict[str, Path]:
+    """Download a registered version's pyfunc model into ``dst``; returns its artifacts by key:
+    ``model`` (the averaged checkpoint: config + weights) and ``tokenizer`` (the SentencePiece
+    model), as ``pipeline.mlflow_model.log_translator`` logged them."""
+    import mlflow
+
+    uri = client.get_model_version_download_uri(name, version)
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dst), tracking_uri=tracking_uri))
+    flavor = yaml.safe_load((local / "MLmodel").read_text())["flavors"]["python_function"]
+    files = {key: local / value["path"] for key, value in flavor.get("artifacts", {}).items()}
+    missing = [key for key in ("model", "tokenizer") if key not in files or not files[key].is_file()]
+    if missing:
+        raise GateError(f"{name} version {version} has no {' or '.join(missing)} artifact: "
+                        "not a model logged by the evaluate stage")
+    return files

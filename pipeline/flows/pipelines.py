@@ -1,5 +1,5 @@
 """The Prefect flows: ``training_pipeline`` (the DVC stages as tasks) and ``retraining`` (incoming
-data, the pipeline, the champion/challenger gate)."""
+data, scratch or fine-tuning the champion, the pipeline, the champion/challenger gate)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from pipeline import paths, tracking
+from pipeline.flows.finetune import FINETUNE, RetrainPlan, plan_retraining
 from pipeline.flows.gate import (Decision, GateError, Systems, challenger_version, current_champion,
                                  promote_if_better, translate_with_version)
-from pipeline.flows.stages import (STAGES, check_overrides, check_stages, experiment_task, stage_task,
-                                   version_task)
+from pipeline.flows.stages import (RETRIES, STAGES, check_overrides, check_stages, experiment_task, run_dvc,
+                                   stage_task, version_task)
 from pipeline.io import read_lines
 from pipeline.params import Params, load_params
 
@@ -89,8 +90,23 @@ def training_pipeline(workdir: str = ".", overrides: list[str] | None = None) ->
     return metrics
 
 
+@task(name="retraining mode", cache_policy=NO_CACHE, retries=RETRIES["dvc add"][0],
+      retry_delay_seconds=RETRIES["dvc add"][1])
+def retrain_plan(workdir: str) -> RetrainPlan:
+    """``flows.retrain_mode``: scratch, or fine-tuning the champion, whose model and tokenizer this
+    task downloads into ``models/init/`` and versions with ``dvc add`` (like the incoming pairs)."""
+    logger = get_run_logger()
+    root = Path(workdir)
+    uri = tracking_uri(root)
+    plan = plan_retraining(MlflowClient(uri, uri), params_of(root), root, tracking_uri=uri)
+    logger.info("retraining: %s", plan.describe())
+    if plan.mode == FINETUNE:
+        run_dvc(["add", str(Path(plan.init_from).parent)], root, logger)
+    return plan
+
+
 @task(name="promotion gate", cache_policy=NO_CACHE)
-def promotion_gate(workdir: str, flow_run_id: str = "") -> Decision:
+def promotion_gate(workdir: str, flow_run_id: str = "", extra_tags: dict[str, str] | None = None) -> Decision:
     """Challenger (the model the pipeline just registered) against the registry's champion."""
     logger = get_run_logger()
     root = Path(workdir)
@@ -128,7 +144,8 @@ def promotion_gate(workdir: str, flow_run_id: str = "") -> Decision:
     decision = promote_if_better(client, name, challenger, champion, systems, primary=data.test_sets[0],
                                  guarded=flows.guarded_test_sets, significance=flows.significance,
                                  resamples=flows.bootstrap_resamples,
-                                 extra_tags={"gate.prefect_flow_run_id": flow_run_id} if flow_run_id else None)
+                                 extra_tags={**(extra_tags or {}),
+                                             **({"gate.prefect_flow_run_id": flow_run_id} if flow_run_id else {})})
     logger.info("%s: %s", decision.verdict, decision.reason)
     return decision
 
@@ -137,15 +154,21 @@ def promotion_gate(workdir: str, flow_run_id: str = "") -> Decision:
 def retraining(workdir: str = ".") -> dict[str, Any]:
     """Version the incoming pairs (``dvc add``), rerun the pipeline (DVC retrains what the new data
     changes), and promote the new model to ``champion`` only if it passes the gate. Any failure
-    fails the flow before the gate: nothing is promoted from a failed or partial run."""
+    fails the flow before the gate: nothing is promoted from a failed or partial run.
+
+    ``flows.retrain_mode: finetune`` (with a champion): the pipeline runs as a DVC experiment with
+    ``train.init_from`` and ``tokenizer.model_from`` set to the champion's files (see
+    ``pipeline.flows.finetune``); a successful experiment leaves them in params.yaml, beside
+    dvc.lock. ``scratch`` clears them the same way when they are set."""
     from prefect.runtime import flow_run
 
     root = Path(workdir).resolve()
     params = params_of(root)
     if params.data.incoming_dir:
         version_task()(str(root), params.data.incoming_dir, params.data.src_lang, params.data.tgt_lang)
-    training_pipeline(workdir=str(root))
-    decision = promotion_gate(str(root), str(flow_run.get_id() or ""))
-    create_markdown_artifact(decision.markdown(), key=GATE_ARTIFACT,
+    plan = retrain_plan(str(root))
+    training_pipeline(workdir=str(root), overrides=plan.overrides(params) or None)
+    decision = promotion_gate(str(root), str(flow_run.get_id() or ""), plan.tags())
+    create_markdown_artifact(decision.markdown() + plan.markdown(), key=GATE_ARTIFACT,
                              description=f"champion/challenger decision for {decision.model_name}")
-    return decision.summary()
+    return {**decision.summary(), "retrain": plan.summary()}

@@ -16,7 +16,7 @@ from pipeline.attention_plots import plot_attention
 from pipeline.io import read_lines, write_json, write_lines
 from pipeline.params import Params, ParamsError, load_params, run_stage
 from pipeline.translation import Translator
-from transformer.checkpoint import load_checkpoint, model_from_checkpoint
+from transformer.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
 from transformer.precision import default_device
 from transformer.search import attention_weights
 from transformer.tokenizer import Tokenizer
@@ -41,9 +41,17 @@ def load_averaged() -> dict[str, Any]:
 
 def load_translator(params: Params, checkpoint: dict[str, Any], device: torch.device | None = None) -> Translator:
     model = model_from_checkpoint(checkpoint, str(paths.AVERAGED_MODEL)).to(device or default_device())
+    try:
+        tokenizer = Tokenizer(paths.TOKENIZER_MODEL)
+    except (OSError, RuntimeError, ValueError) as err:   # sentencepiece raises OSError/RuntimeError on junk
+        first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        raise ParamsError(f"{paths.TOKENIZER_MODEL} is not a usable SentencePiece model: {first}") from None
+    if tokenizer.vocab_size != model.config.vocab_size:   # another tokenizer: its ids are not the model's rows
+        raise CheckpointError(f"{paths.AVERAGED_MODEL} has a vocabulary of {model.config.vocab_size} but "
+                              f"{paths.TOKENIZER_MODEL} has {tokenizer.vocab_size} pieces: the model was trained "
+                              "with another tokenizer; rerun the pipeline (dvc repro)")
     e = params.evaluate
-    return Translator(model, Tokenizer(paths.TOKENIZER_MODEL), e.beam_size, e.alpha, e.max_len_b, e.batch_sentences,
-                      e.precision)
+    return Translator(model, tokenizer, e.beam_size, e.alpha, e.max_len_b, e.batch_sentences, e.precision)
 
 
 def draw_attention(translator: Translator, sources: list[str], count: int,

@@ -1,19 +1,67 @@
 """DVC stage 2: train a joint SentencePiece BPE model on the training split and encode every
-split into the package's token store (§5.1: byte-pair encoding, shared vocabulary)."""
+split into the package's token store (§5.1: byte-pair encoding, shared vocabulary).
+
+With ``tokenizer.model_from`` set (fine-tuning, see ``train.init_from``) the stage copies that
+SentencePiece model instead of training one: initial weights index the pieces of the tokenizer
+they were trained with, and a tokenizer retrained on changed data would number them differently.
+"""
 
 from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 from pipeline import paths
+from pipeline.datasets import DataError
 from pipeline.io import read_lines, write_json
 from pipeline.params import DataParams, ParamsError, TokenizerParams, load_params, run_stage
+from transformer.checkpoint import atomic_write
 from transformer.data import write_token_store
 from transformer.tokenizer import Tokenizer, train_tokenizer
 
 
+def reuse_tokenizer(source: Path, target: Path, vocab_size: int) -> Tokenizer:
+    """Copy the SentencePiece model ``source`` to ``target`` (atomically), after checking that it
+    is one, with the package's special ids and ``vocab_size`` pieces (``tokenizer.vocab_size``)."""
+    try:
+        tokenizer = Tokenizer(source)
+    except (OSError, RuntimeError, ValueError) as err:   # sentencepiece raises OSError/RuntimeError on junk
+        raise ParamsError(f"params.yaml: tokenizer.model_from {source} is not a usable SentencePiece model: "
+                          f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+    if tokenizer.vocab_size != vocab_size:
+        raise ParamsError(f"params.yaml: tokenizer.model_from {source} has {tokenizer.vocab_size} pieces but "
+                          f"tokenizer.vocab_size is {vocab_size}: a reused tokenizer keeps its vocabulary, "
+                          f"set tokenizer.vocab_size to {tokenizer.vocab_size}")
+    model = source.read_bytes()
+    atomic_write(target, lambda f: f.write(model))
+    return Tokenizer(target)
+
+
+def check_corpus(data: DataParams) -> None:
+    """Every split's two files exist, are UTF-8 and have as many lines as each other; checked
+    before anything is written (``DataError`` naming the file). Encoding zips the two sides, so
+    a side with fewer lines would silently drop pairs."""
+    for split in dict.fromkeys(["train", data.valid_set, *data.test_sets]):
+        counts = {}
+        for lang in (data.src_lang, data.tgt_lang):
+            path = paths.corpus_file(split, lang)
+            if not path.is_file():
+                raise DataError(f"{path} does not exist: run the download stage first (dvc repro)")
+            raw = path.read_bytes()
+            try:
+                counts[path] = len(raw.decode("utf-8").splitlines())   # as pipeline.io.read_lines splits
+            except UnicodeDecodeError as err:
+                line = raw[:err.start].count(b"\n") + 1
+                raise DataError(f"{path}: line {line} is not valid UTF-8 ({err.reason} at byte {err.start})") from None
+        (a, na), (b, nb) = counts.items()
+        if na != nb:
+            raise DataError(f"misaligned corpus: {a} has {na} lines but {b} has {nb}")
+
+
 def build_tokenizer(data: DataParams, params: TokenizerParams) -> Tokenizer:
+    if params.model_from:
+        return reuse_tokenizer(Path(params.model_from), paths.TOKENIZER_MODEL, params.vocab_size)
     src = read_lines(paths.corpus_file("train", data.src_lang))
     tgt = read_lines(paths.corpus_file("train", data.tgt_lang))
     try:
@@ -40,9 +88,13 @@ def main() -> None:
     argparse.ArgumentParser(description=__doc__).parse_args()
     params = load_params()
     start = time.monotonic()
+    check_corpus(params.data)
     tokenizer = build_tokenizer(params.data, params.tokenizer)
+    if params.tokenizer.model_from:
+        print(f"tokenizer: {params.tokenizer.model_from} reused ({tokenizer.vocab_size} pieces), not retrained")
     counts = encode_splits(params.data, tokenizer)
     write_json(paths.TOKENS_DIR / "stats.json", {"vocab_size": tokenizer.vocab_size, "splits": counts,
+                                                  "model_from": params.tokenizer.model_from,
                                                   "seconds": round(time.monotonic() - start, 2)})
     for split, c in counts.items():
         print(f"{split:>20}: {c['pairs']:>8} pairs {c['src_tokens']:>10} src {c['tgt_tokens']:>10} tgt tokens")

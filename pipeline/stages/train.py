@@ -2,7 +2,12 @@
 
 Checkpoints go to a ``persist: true`` folder: when the stage is interrupted (killed,
 pre-empted) and run again, training resumes from the newest checkpoint. When the model,
-training settings or data changed since that checkpoint, training starts over instead.
+training settings, data or initial weights changed since that checkpoint, training starts over
+instead.
+
+Fine-tuning: with ``train.init_from`` set, a training that does not resume starts from that
+model's weights (``transformer.trainer.TrainConfig``); ``tokenizer.model_from`` made the token
+stores with the tokenizer those weights were trained with.
 
 Several devices: ``torchrun --nproc_per_node=N -m pipeline.stages.train`` (NCCL on GPUs,
 gloo on CPUs); rank 0 writes checkpoints, curves and the MLflow run.
@@ -19,6 +24,7 @@ import torch.distributed as dist
 
 from pipeline import paths
 from pipeline.curves import CurveWriter
+from pipeline.datasets import DataError
 from pipeline.io import write_json
 from pipeline.params import ParamsError, load_params, run_stage
 from pipeline.tracking import MlflowCallback, run_tags
@@ -36,11 +42,23 @@ def init_distributed() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
+def open_store(split: str) -> TokenStore:
+    """The token store of ``split``; ``DataError`` (one line naming it) when missing or unreadable."""
+    path = paths.token_store(split)
+    try:
+        return TokenStore(path)
+    except FileNotFoundError as err:
+        raise DataError(f"{err}: run the tokenizer stage first (dvc repro)") from None
+    except (OSError, ValueError, KeyError) as err:   # a truncated .npy, a broken meta.json
+        raise DataError(f"token store {path} cannot be read ({type(err).__name__}: {err}): "
+                        "run the tokenizer stage again (dvc repro -f tokenizer)") from None
+
+
 def train(callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
     params = load_params()
     rank = init_distributed()
-    train_data = TokenStore(paths.token_store("train"))
-    valid_data = TokenStore(paths.token_store(params.data.valid_set))
+    train_data = open_store("train")
+    valid_data = open_store(params.data.valid_set)
     config = params.model.config(train_data.vocab_size)
     torch.manual_seed(params.train.seed)
     model = Transformer(config)
@@ -53,15 +71,20 @@ def train(callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
                           checkpoint_dir=paths.CHECKPOINT_DIR, callbacks=list(callbacks or []))
     except ValueError as err:
         raise ParamsError(f"params.yaml: {err}") from None
-    mlflow_cb = MlflowCallback(params.tracking.experiment, tracked, derived,
-                               run_tags(params.data.dataset, params.data.pair, str(trainer.device)))
+    tags = run_tags(params.data.dataset, params.data.pair, str(trainer.device))
+    if trainer.init_sha256:
+        tags["train.init_sha256"] = trainer.init_sha256   # the starting weights' identity, beside train.init_from
+    mlflow_cb = MlflowCallback(params.tracking.experiment, tracked, derived, tags)
     if rank == 0:
         trainer.callbacks += [curves, mlflow_cb]
     restored = trainer.resume(on_change="restart")
     if restored is not None:
         curves.restore(restored)
-        mlflow_cb.restore(restored)
+        mlflow_cb.restore(restored, history=curves.history())
         print(f"resuming from step {trainer.step} (epoch {trainer.epoch})", flush=True)
+    elif params.train.init_from:
+        print(f"initialised from {params.train.init_from} (sha256 {trainer.init_sha256[:12]}): fine-tuning with a "
+              "fresh optimiser and learning-rate schedule", flush=True)
     if rank == 0:
         print(f"model: {model.num_parameters():,} parameters, vocabulary {config.vocab_size}, "
               f"{len(train_data):,} training pairs, device {trainer.device}, precision {params.train.precision}, "

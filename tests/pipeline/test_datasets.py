@@ -12,7 +12,6 @@ import functools
 import gzip
 import hashlib
 import http.server
-import io
 import json
 import re
 import shutil
@@ -26,9 +25,10 @@ from pipeline import datasets
 from pipeline.datasets import DataError, DatasetSpec, check_data_params, extract_tar, prepare_corpus
 from pipeline.params import DataParams
 
+from ..fakes import RAW, fake_multi30k, fake_statmt, link, sentences, tar, write_gz
+
 REPO = Path(__file__).resolve().parents[2]
 MIRROR = REPO.parent / "shared" / "data" / "multi30k"
-RAW = "data/task1/raw"
 CACHE_NAME = datasets.REGISTRY["multi30k"].cache_name
 
 
@@ -63,24 +63,6 @@ def http_mirror(tmp_path):
         server.shutdown()
         server.server_close()
         thread.join()
-
-
-def sentences(split: str, lang: str, n: int) -> list[str]:
-    return [f"{lang} {split} sentence number {i} with some words" for i in range(n)]
-
-
-def write_gz(path: Path, content: list[str] | bytes) -> None:
-    data = content if isinstance(content, bytes) else "".join(f"{s}\n" for s in content).encode()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(gzip.compress(data, mtime=0))
-
-
-def fake_multi30k(root: Path, sizes: dict[str, int] | None = None, langs=("en", "de")) -> None:
-    """A small Multi30k layout (gzip files) under ``root``."""
-    sizes = sizes or {"train": 20, "val": 5, "test_2016_flickr": 5}
-    for split, n in sizes.items():
-        for lang in langs:
-            write_gz(root / RAW / f"{split}.{lang}.gz", sentences(split, lang, n))
 
 
 def publish(monkeypatch, root: Path, skip: tuple[str, ...] = ()) -> dict[str, str]:
@@ -173,34 +155,8 @@ def test_http_download_verified_and_written(http_mirror, tmp_path, monkeypatch):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".corpus")]   # no temp dir left
 
 
-def _corrupt(path: Path, how: str) -> None:
-    data = bytearray(path.read_bytes())
-    if how == "truncated":
-        path.write_bytes(bytes(data[: len(data) // 2]))
-    else:
-        data[len(data) // 2] ^= 0x01
-        path.write_bytes(bytes(data))
-
-
-@pytest.mark.parametrize("how", ["truncated", "tampered"])
-@pytest.mark.parametrize("via", ["http", "folder", "file-url"])
-def test_corrupt_file_rejected_before_anything_is_written(how, via, http_mirror, tmp_path, monkeypatch):
-    root, url = http_mirror
-    fake_multi30k(root)
-    publish(monkeypatch, root)
-    _corrupt(root / RAW / "train.de.gz", how)
-    monkeypatch.setenv("DATA_MIRROR", {"http": url, "folder": str(root), "file-url": root.as_uri()}[via])
-    out, cache = tmp_path / "corpus", tmp_path / "cache"
-    out.mkdir()
-    (out / "previous.txt").write_text("old output\n")
-
-    with pytest.raises(DataError, match=r"(?i)hash|sha256") as err:
-        prepare_corpus(DataParams(), out, cache, retries=0, progress=False)
-
-    assert "\n" not in str(err.value)
-    assert sorted(p.name for p in out.iterdir()) == ["previous.txt"]          # output untouched
-    assert sorted(p.name for p in cached(cache, "").iterdir()) == ["train.en.gz"]  # bad file not cached
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".corpus")]
+# Truncated and tampered downloads (HTTP on 127.0.0.1, a folder, a file:// URL): see
+# tests/reliability/test_downloads.py.
 
 
 def test_first_download_hash_is_recorded_then_enforced(http_mirror, tmp_path, monkeypatch):
@@ -339,29 +295,11 @@ def test_truncated_gzip_stream_is_a_data_error(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------- archives
 
 
-def _tar(path: Path, entries: list[tarfile.TarInfo | tuple[str, bytes]], mode: str = "w:gz") -> Path:
-    with tarfile.open(path, mode) as tar:
-        for entry in entries:
-            if isinstance(entry, tarfile.TarInfo):
-                tar.addfile(entry)
-            else:
-                info = tarfile.TarInfo(entry[0])
-                info.size = len(entry[1])
-                tar.addfile(info, io.BytesIO(entry[1]))
-    return path
-
-
-def _symlink(name: str, target: str) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type, info.linkname = tarfile.SYMTYPE, target
-    return info
-
-
-@pytest.mark.parametrize("evil", [("../evil.txt", b"escaped"), _symlink("link", "/etc/passwd"),
-                                  _symlink("sub/link", "../../outside")])
+@pytest.mark.parametrize("evil", [("../evil.txt", b"escaped"), link("link", "/etc/passwd"),
+                                  link("sub/link", "../../outside")])
 @pytest.mark.parametrize("members", [None, "named"])
 def test_extraction_rejects_path_traversal(tmp_path, evil, members):
-    archive = _tar(tmp_path / "evil.tgz", [("good.txt", b"fine\n"), evil])
+    archive = tar(tmp_path / "evil.tgz", [("good.txt", b"fine\n"), evil])
     dest = tmp_path / "x" / "dest"
     name = evil.name if isinstance(evil, tarfile.TarInfo) else evil[0]
     with pytest.raises(DataError, match="unsafe member rejected"):
@@ -372,7 +310,7 @@ def test_extraction_rejects_path_traversal(tmp_path, evil, members):
 
 
 def test_extraction_of_named_members(tmp_path):
-    archive = _tar(tmp_path / "a.tar", [("./d/one.txt", b"1\n"), ("d/two.txt", b"2\n"), ("three", b"3\n")], "w")
+    archive = tar(tmp_path / "a.tar", [("./d/one.txt", b"1\n"), ("d/two.txt", b"2\n"), ("three", b"3\n")], "w")
     dest = extract_tar(archive, tmp_path / "dest", ["d/one.txt", "d/two.txt"])
     assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()) == ["d/one.txt", "d/two.txt"]
     with pytest.raises(DataError, match="a.tar has no member nope"):
@@ -381,28 +319,6 @@ def test_extraction_of_named_members(tmp_path):
 
 
 # ----------------------------------------------------------------------------- WMT14 layout
-
-
-def fake_statmt(root: Path, spec: DatasetSpec, n: int = 3) -> None:
-    """Archives laid out like statmt.org's for ``spec``, each side ``n`` sentences naming corpus and language."""
-    contents: dict[datasets.RemoteFile, dict[str, bytes]] = {}
-    for corpora in spec.splits.values():
-        for corpus in corpora:
-            for lang, side in corpus.sides.items():
-                text = sentences(corpus.name, lang, n)
-                if side.fmt == "sgm":
-                    segs = "".join(f'<seg id="{i + 1}">{s}</seg>\n' for i, s in enumerate(text))
-                    data = (f'<refset setid="{corpus.name}" srclang="any" trglang="{lang}">\n'
-                            f'<doc sysid="ref" docid="x" genre="news" origlang="en">\n<p>\n{segs}</p>\n</doc>\n</refset>\n').encode()
-                else:
-                    data = "".join(f"{s}\n" for s in text).encode()
-                    if side.fmt == "gz":
-                        data = gzip.compress(data, mtime=0)
-                contents.setdefault(side.file, {})[side.member] = data
-    for file, members in contents.items():
-        path = root / file.path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _tar(path, list(members.items()), "w:gz" if path.suffix == ".tgz" else "w")
 
 
 @pytest.mark.parametrize("name", ["wmt14_en_de", "wmt14_en_fr"])

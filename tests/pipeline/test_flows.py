@@ -1,7 +1,8 @@
 """pipeline/flows against Prefect's test harness (a real Prefect API on a temporary database) and
 real MLflow stores: the training flow on the real stages of a tiny config (one pipeline run for
-the module), the first promotion, the promotion gate on synthetic translations with real
-sacrebleu and real registry versions, the served deployment's schedule, and a failing stage."""
+the module), the first promotion, a fine-tuning retraining from that champion, the promotion gate
+on synthetic translations with real sacrebleu and real registry versions, the served
+deployment's schedule, and a failing stage."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from pipeline.flows import gate
+from pipeline.flows import finetune, gate
 from pipeline.flows.gate import Systems, promote_if_better
 from pipeline.params import FlowsParams
 from pipeline.tracking import CHAMPION_ALIAS
@@ -215,6 +216,121 @@ def test_overrides_run_a_dvc_experiment_and_a_bad_value_fails_in_its_stage(first
         (ws / "params.yaml").write_text(original)
 
 
+def incoming_pairs(first: int, count: int) -> tuple[list[str], list[str]]:
+    """Multi30k training pairs after the workspace's first 300 (data.limit_train_pairs): new data."""
+    import gzip
+
+    sides = []
+    for lang in ("en", "de"):
+        with gzip.open(MIRROR / f"data/task1/raw/train.{lang}.gz", "rt", encoding="utf-8") as f:
+            sides.append([line.rstrip("\n") for _, line in zip(range(first + count), f)][first:])
+    return sides[0], sides[1]
+
+
+@needs_mirror
+def test_finetune_retraining_starts_from_the_champion_with_its_tokenizer(first_retraining, ws, tmp_path):
+    """flows.retrain_mode finetune with a champion and new incoming pairs: the champion's model and
+    tokenizer are downloaded into models/init/, the tokenizer stage copies the champion's
+    tokenizer (a retrained one would differ: the corpus changed), the training starts from the
+    champion's weights, and the gate judges the result against the champion."""
+    import hashlib
+
+    import yaml
+
+    from pipeline.flows import retraining
+    from pipeline.params import load_params
+
+    client = mlflow_client()
+    champion = client.get_model_version_by_alias(MODEL, CHAMPION_ALIAS)
+    champion_files = gate.version_files(client, MODEL, str(champion.version), tmp_path,
+                                        os.environ["MLFLOW_TRACKING_URI"])
+    original = (ws / "params.yaml").read_text()
+    params = yaml.safe_load(original)
+    params["flows"]["retrain_mode"] = "finetune"
+    (ws / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    incoming = ws / "data" / "incoming"
+    src, tgt = incoming_pairs(300, 60)
+    (incoming / "more.en").write_text("\n".join(src) + "\n")
+    (incoming / "more.de").write_text("\n".join(tgt) + "\n")
+    try:
+        state = retraining(workdir=str(ws), return_state=True)
+        assert state.is_completed(), state.message
+        summary = state.result()
+        plan = summary["retrain"]
+        assert plan["mode"] == "finetune" and plan["champion_version"] == str(champion.version)
+
+        # The champion's files, versioned, and the params that name them (left by the experiment).
+        init, spm = ws / plan["init_from"], ws / plan["model_from"]
+        assert init.parent.parent == ws / "models" / "init" and init.parent == spm.parent
+        assert init.read_bytes() == champion_files["model"].read_bytes()
+        assert spm.read_bytes() == champion_files["tokenizer"].read_bytes()
+        assert (init.parent.parent / f"{init.parent.name}.dvc").is_file()
+        after = load_params(ws / "params.yaml")
+        assert (after.train.init_from, after.tokenizer.model_from) == (plan["init_from"], plan["model_from"])
+
+        # The tokenizer stage reused the champion's tokenizer on the grown corpus.
+        assert (ws / "data/tokenizer/spm.model").read_bytes() == champion_files["tokenizer"].read_bytes()
+        corpus = (ws / "data/corpus/train.en").read_text().splitlines()
+        assert len(corpus) == 360 and corpus[-60:] == src
+
+        # The challenger started from the champion's weights: the file's hash on its run, and a
+        # first logged loss (mean of steps 1-10) where the champion ended, not where it began.
+        challenger = client.get_model_version(MODEL, summary["challenger_version"])
+        run = client.get_run(challenger.run_id)
+        assert run.data.params["train.init_from"] == plan["init_from"]
+        assert run.data.params["tokenizer.model_from"] == plan["model_from"]
+        sha = hashlib.sha256(champion_files["model"].read_bytes()).hexdigest()
+        assert run.data.tags["train.init_sha256"] == plan["init_sha256"] == sha
+        assert run.data.tags["retrain.mode"] == "finetune"
+        assert run.data.tags["retrain.init_version"] == str(champion.version)
+        champion_loss = {m.step: m.value for m in client.get_metric_history(champion.run_id, "train/loss")}
+        challenger_loss = {m.step: m.value for m in client.get_metric_history(challenger.run_id, "train/loss")}
+        assert champion_loss[40] - 0.15 < challenger_loss[10] < (champion_loss[10] + champion_loss[40]) / 2
+        # one "dvc exp run" task (in the training-pipeline subflow) ran the stages with the init params
+        experiment = max((t for t in task_runs("dvc exp run") if t.state.is_completed()), key=lambda t: t.start_time)
+        logs = run_logs(task_run_id=experiment.id)
+        assert f"$ dvc exp run -S train.init_from={plan['init_from']} -S tokenizer.model_from={plan['model_from']}" \
+            in logs[0]
+        assert any(line.startswith(f"initialised from {plan['init_from']} (sha256 {sha[:12]})") for line in logs)
+
+        # The gate ran: the challenger against the champion on the test set.
+        assert summary["verdict"] in ("promoted", "rejected") and summary["comparisons"]
+        assert summary["champion_version"] == str(champion.version) != summary["challenger_version"]
+        assert run.data.tags["gate.decision"] == summary["verdict"]
+        (artifact,) = artifacts("promotion-gate", state.state_details.flow_run_id)
+        assert "mode: **finetune**" in artifact.data and f"champion version {champion.version}" in artifact.data
+    finally:
+        (ws / "params.yaml").write_text(original)
+        for name in ("more.en", "more.de", "more.en.dvc", "more.de.dvc", ".gitignore"):
+            (incoming / name).unlink(missing_ok=True)
+
+
+def test_finetune_without_a_champion_trains_from_scratch(registry, tmp_path):
+    """No champion yet: finetune falls back to scratch (and says so); scratch clears the init keys."""
+    import yaml
+
+    from pipeline.params import load_params
+
+    client, _ = registry
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(tiny_params({"flows": {**FLOWS, "retrain_mode": "finetune"}})))
+    params = load_params(path)
+    plan = finetune.plan_retraining(client, params, tmp_path)
+    assert (plan.requested, plan.mode, plan.init_from, plan.model_from) == ("finetune", "scratch", "", "")
+    assert "no champion" in plan.note and "no champion" in plan.markdown()
+    assert plan.overrides(params) == [] and plan.tags()["retrain.mode"] == "scratch"
+    assert not (tmp_path / "models").exists()
+    # init keys left set by an earlier fine-tuning are cleared
+    for name in ("model.pt", "spm.model"):
+        (tmp_path / "models/init/v1").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "models/init/v1" / name).write_bytes(b"x")
+    path.write_text(yaml.safe_dump(tiny_params({"flows": FLOWS, "train": {"init_from": "models/init/v1/model.pt"},
+                                                "tokenizer": {"model_from": "models/init/v1/spm.model"}})))
+    params = load_params(path)
+    assert finetune.plan_retraining(client, params, tmp_path).overrides(params) == ["train.init_from=",
+                                                                                   "tokenizer.model_from="]
+
+
 # ----------------------------------------------------------------------------- the gate
 
 
@@ -392,7 +508,7 @@ def test_the_server_scheduler_turns_the_schedule_into_runs(prefect_api, tmp_path
     ({"schedule_timezone": "Mars/Olympus"}, "not an IANA time zone"),
     ({"significance": 1.5}, "significance must be in"),
     ({"bootstrap_resamples": 10}, "too few for significance"),
-    ({"retrain_mode": "finetune"}, "finetune is not available yet"),
+    ({"retrain_mode": "continue"}, "flows.retrain_mode must be one of scratch, finetune, got 'continue'"),
     ({"guarded_test_sets": ["test_2017_flickr"]}, "flows.guarded_test_sets: 'test_2017_flickr' is not in data.test_sets"),
     ({"colour": "blue"}, "unknown key flows.colour"),
 ])

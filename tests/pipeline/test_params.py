@@ -76,6 +76,16 @@ BAD = [
     (setter("evaluate", "alpha", -0.1), "evaluate.alpha must be >= 0, got -0.1"),
     (setter("evaluate", "precision", "int8"), "evaluate.precision must be fp32 or bf16, got 'int8'"),
     (setter("tracking", "experiment", " "), "tracking.experiment must not be empty"),
+    (setter("train", "init_from", "models/init/v1/model.pt"),
+     "params.yaml: train.init_from models/init/v1/model.pt does not exist in "),
+    (setter("train", "init_from", 3), "params.yaml: train.init_from must be a string, got 3"),
+    (setter("tokenizer", "model_from", "/nowhere/spm.model"),
+     "params.yaml: tokenizer.model_from /nowhere/spm.model does not exist"),
+    (setter("train", "init_from", str(REPO / "README.md")),
+     f"params.yaml: train.init_from is {REPO / 'README.md'} but tokenizer.model_from is empty: initial weights need "
+     "the tokenizer they were trained with"),
+    (setter("flows", "retrain_mode", "continue"), "params.yaml: flows.retrain_mode must be one of scratch, finetune, "
+                                                  "got 'continue'"),
     (lambda p: p.update(trian={}), "params.yaml: unknown section trian"),
     (lambda p: p["train"].update(max_epochs=0, max_steps=0, max_minutes=0), "params.yaml: train needs a limit"),
 ]
@@ -99,3 +109,23 @@ def test_not_yaml_and_missing_file(tmp_path):
         load_params(bad)
     with pytest.raises(ParamsError, match="does not exist"):
         load_params(tmp_path / "missing.yaml")
+
+
+def test_init_files_are_relative_to_the_params_file(tmp_path, monkeypatch):
+    """Fine-tuning's inputs resolve against the repository root (params.yaml's folder), wherever the
+    caller runs (the flows load another workspace's params)."""
+    (tmp_path / "models/init/v1").mkdir(parents=True)
+    (tmp_path / "models/init/v1/model.pt").write_bytes(b"weights")
+    (tmp_path / "models/init/v1/spm.model").write_bytes(b"pieces")
+
+    def edit(p):
+        p["train"]["init_from"] = "models/init/v1/model.pt"
+        p["tokenizer"]["model_from"] = "models/init/v1/spm.model"
+        p["flows"]["retrain_mode"] = "finetune"
+
+    path = write(tmp_path, edit)
+    monkeypatch.chdir(REPO)
+    params = load_params(path)
+    assert params.train.init_from == "models/init/v1/model.pt" and params.flows.retrain_mode == "finetune"
+    assert params.tokenizer.model_from == "models/init/v1/spm.model"
+    assert params.flat()["train.init_from"] == "models/init/v1/model.pt"

@@ -5,8 +5,8 @@ import os
 import pytest
 import torch
 
-from transformer.checkpoint import (CheckpointError, atomic_write, average_checkpoints, load_checkpoint,
-                                    load_model, load_state, model_checkpoint, save_checkpoint)
+from transformer.checkpoint import (CheckpointError, atomic_write, average_checkpoints, file_sha256, init_weights,
+                                    load_checkpoint, load_model, load_state, model_checkpoint, save_checkpoint)
 from transformer.tokens import BOS_ID
 
 from .conftest import pad_batch, tiny_model
@@ -157,3 +157,36 @@ def test_load_state_names_the_mismatch():
     del state["encoder_layers.0.ffn.linear1.bias"]
     with pytest.raises(CheckpointError, match="missing.*encoder_layers.0.ffn.linear1.bias"):
         load_state(model, state)
+
+
+def test_init_weights_copies_the_weights_and_returns_the_file_hash(tmp_path):
+    import hashlib
+
+    source = tiny_model(seed=3)
+    path = tmp_path / "init.pt"
+    save_checkpoint(path, model_checkpoint(source, callbacks={"mlflow_run_id": "someone-elses-run"}))
+    model = tiny_model(seed=0)
+    assert not torch.equal(model.output.weight, source.output.weight)
+    assert init_weights(model, path) == hashlib.sha256(path.read_bytes()).hexdigest() == file_sha256(path)
+    for (name, a), b in zip(source.state_dict().items(), model.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert model.output.weight is model.tgt_embed.tokens.weight  # tying survives
+
+
+def test_init_weights_names_every_config_difference(tmp_path):
+    path = tmp_path / "init.pt"
+    save_checkpoint(path, model_checkpoint(tiny_model(vocab_size=24, d_ff=48)))
+    model = tiny_model(vocab_size=30)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(CheckpointError) as err:
+        init_weights(model, path)
+    message = str(err.value)
+    assert message.startswith(f"{path} was trained with another model config: ")
+    assert "vocab_size 24 (this model: 30)" in message and "d_ff 48 (this model: 64)" in message
+    assert "another tokenizer" in message and "\n" not in message
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # untouched
+    save_checkpoint(path, {"step": 3})
+    with pytest.raises(CheckpointError, match="no model_config/model entries"):
+        init_weights(model, path)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        init_weights(model, tmp_path / "missing.pt")

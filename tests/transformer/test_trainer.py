@@ -1,5 +1,6 @@
 """transformer/trainer.py: learning, exact resume in a fresh process, checkpoints, limits."""
 
+import hashlib
 import json
 import math
 import os
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from transformer.checkpoint import load_checkpoint
+from transformer.checkpoint import CheckpointError, load_checkpoint, model_checkpoint, save_checkpoint
 from transformer.data import TokenBatchSampler, collate, write_token_store
 from transformer.loss import label_smoothed_cross_entropy
 from transformer.schedule import inverse_sqrt_lr
@@ -179,6 +180,70 @@ def test_resume_after_a_settings_change_restarts_or_continues(store, tmp_path):
         changed.resume()
     assert changed.resume(on_change="restart") is None and changed.step == 0
     assert list_checkpoints(tmp_path / "c") == []
+
+
+# ---------------------------------------------------------------- init_from
+def save_init(path, seed, **overrides):
+    save_checkpoint(path, model_checkpoint(tiny_model(vocab_size=30, seed=seed, **overrides),
+                                           callbacks={"run_id": "the-champion's-run"}))
+    return path
+
+
+def test_init_from_starts_from_the_weights_with_a_fresh_optimizer(store, tmp_path):
+    """Fine-tuning: the model starts as the init file's, step 0, no Adam state, warm-up from the start."""
+    init = save_init(tmp_path / "init.pt", seed=3)
+    recorder = Recorder()
+    trainer = Trainer(tiny_model(vocab_size=30, seed=0), config(init_from=str(init), max_steps=1, log_every=1), store,
+                      callbacks=[recorder])
+    expected = load_checkpoint(init)["model"]
+    for name, tensor in trainer.model.state_dict().items():
+        assert torch.equal(tensor, expected[name]), name
+    assert trainer.step == 0 and trainer.optimizer.state_dict()["state"] == {}
+    assert trainer.init_sha256 == hashlib.sha256(init.read_bytes()).hexdigest()
+    assert trainer.fingerprint()["init"] == trainer.init_sha256
+    assert "init" not in Trainer(tiny_model(vocab_size=30), config(), store).fingerprint()
+    trainer.train()
+    scratch = Recorder()
+    Trainer(tiny_model(vocab_size=30), config(max_steps=1, log_every=1), store, callbacks=[scratch]).train()
+    assert recorder.logs[0][1]["train/lr"] == scratch.logs[0][1]["train/lr"]   # eq. 3 from its first step
+    assert trainer.state_dict()["callbacks"] == {"run_id": "abc"}              # not the init file's
+
+
+def test_another_init_file_restarts_training_the_same_bytes_resume(store, tmp_path):
+    init_a, init_b = save_init(tmp_path / "a.pt", seed=3), save_init(tmp_path / "b.pt", seed=4)
+    Trainer(tiny_model(vocab_size=30), config(init_from=str(init_a), max_steps=2, checkpoint_every_steps=2), store,
+            checkpoint_dir=tmp_path / "c").train()
+    # The same bytes under another path: a resume.
+    moved = tmp_path / "moved" / "a.pt"
+    moved.parent.mkdir()
+    moved.write_bytes(init_a.read_bytes())
+    again = Trainer(tiny_model(vocab_size=30), config(init_from=str(moved), max_steps=4), store,
+                    checkpoint_dir=tmp_path / "c")
+    assert again.resume() is not None and again.step == 2
+    # Other bytes: the old checkpoints are another training.
+    other = Trainer(tiny_model(vocab_size=30), config(init_from=str(init_b), max_steps=4), store,
+                    checkpoint_dir=tmp_path / "c")
+    with pytest.raises(ValueError, match=r"other settings \(init: '[0-9a-f]{64}' -> '[0-9a-f]{64}'\)"):
+        other.resume()
+    assert other.resume(on_change="restart") is None and other.step == 0
+    assert torch.equal(other.model.output.weight, load_checkpoint(init_b)["model"]["output.weight"])
+    # From scratch after a fine-tuning: a restart too.
+    Trainer(tiny_model(vocab_size=30), config(init_from=str(init_b), max_steps=2, checkpoint_every_steps=2), store,
+            checkpoint_dir=tmp_path / "d").train()
+    scratch = Trainer(tiny_model(vocab_size=30), config(max_steps=4), store, checkpoint_dir=tmp_path / "d")
+    with pytest.raises(ValueError, match=r"init: '[0-9a-f]{64}' -> None"):
+        scratch.resume()
+
+
+def test_init_from_another_model_config_is_one_clear_error(store, tmp_path):
+    init = save_init(tmp_path / "init.pt", seed=3, d_ff=48)
+    with pytest.raises(CheckpointError) as err:
+        Trainer(tiny_model(vocab_size=30), config(init_from=str(init)), store)
+    assert str(err.value) == f"train.init_from: {init} was trained with another model config: d_ff 48 (this model: 64)"
+    with pytest.raises(CheckpointError, match=r"train.init_from: .*missing.pt does not exist"):
+        Trainer(tiny_model(vocab_size=30), config(init_from=str(tmp_path / "missing.pt")), store)
+    with pytest.raises(ValueError, match="train.init_from must be a path"):
+        config(init_from=3)
 
 
 def test_max_epochs_and_validation(store, tmp_path):

@@ -27,3 +27,62 @@ def test_every_split_encoded(workspace):
     first_en = (workspace.path / "data/corpus/train.en").read_text().splitlines()[0]
     assert sp.decode(src.tolist()) == first_en
     assert 0 < len(tgt) and tgt.max() < 400
+
+
+def reuse_setup(workspace, tmp_path, monkeypatch, vocab_size):
+    """A copy of the workspace's corpus and params, with tokenizer.model_from naming another
+    SentencePiece model (300 pieces, trained on the first 200 training pairs only)."""
+    import shutil
+
+    import yaml
+
+    from pipeline.io import read_lines
+    from transformer.tokenizer import train_tokenizer
+
+    copy = tmp_path / "repo"
+    shutil.copytree(workspace.path / "data" / "corpus", copy / "data" / "corpus")
+    corpus = copy / "data" / "corpus"
+    champion = tmp_path / "champion" / "spm.model"
+    train_tokenizer(read_lines(corpus / "train.en")[:200] + read_lines(corpus / "train.de")[:200], champion, 300)
+    params = yaml.safe_load((workspace.path / "params.yaml").read_text())
+    params["tokenizer"].update(vocab_size=vocab_size, model_from=str(champion))
+    (copy / "params.yaml").write_text(yaml.safe_dump(params))
+    monkeypatch.chdir(copy)
+    monkeypatch.setattr("sys.argv", ["pipeline.stages.tokenizer"])
+    return copy, champion
+
+
+def test_model_from_is_copied_not_retrained_and_encodes_every_split(workspace, tmp_path, monkeypatch):
+    from pipeline.stages import tokenizer as stage
+
+    copy, champion = reuse_setup(workspace, tmp_path, monkeypatch, vocab_size=300)
+    stage.main()
+    assert (copy / "data/tokenizer/spm.model").read_bytes() == champion.read_bytes()
+    # a tokenizer trained here (400 pieces, all 300 pairs) would differ
+    assert champion.read_bytes() != (workspace.path / "data/tokenizer/spm.model").read_bytes()
+    stats = json.loads((copy / "data/tokens/stats.json").read_text())
+    assert stats["vocab_size"] == 300 and stats["model_from"] == str(champion)
+    assert {k: v["pairs"] for k, v in stats["splits"].items()} == {"train": 300, "val": 1014, "test_2016_flickr": 1000}
+    sp = spm.SentencePieceProcessor(model_file=str(champion))
+    for split in ("train", "val", "test_2016_flickr"):
+        store = TokenStore(copy / "data/tokens" / split)
+        assert store.vocab_size == 300
+        src, tgt = store.pair(0)
+        assert src.tolist() == sp.encode((copy / f"data/corpus/{split}.en").read_text().splitlines()[0])
+        assert tgt.tolist() == sp.encode((copy / f"data/corpus/{split}.de").read_text().splitlines()[0])
+
+
+def test_model_from_with_another_vocab_size_is_one_clear_error(workspace, tmp_path, monkeypatch, capsys):
+    import pytest
+
+    from pipeline.params import run_stage
+    from pipeline.stages import tokenizer as stage
+
+    copy, champion = reuse_setup(workspace, tmp_path, monkeypatch, vocab_size=400)
+    with pytest.raises(SystemExit) as exit_:
+        run_stage(stage.main)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: params.yaml: tokenizer.model_from {champion} has 300 pieces but tokenizer.vocab_size is 400: "
+        "a reused tokenizer keeps its vocabulary, set tokenizer.vocab_size to 300"]
+    assert not (copy / "data/tokenizer").exists() and not (copy / "data/tokens").exists()
