@@ -21,7 +21,9 @@ Mirrors
     or an ``http(s)://`` base URL. A local file is copied into the download cache through a
     temporary file while its sha256 is computed, and only renamed into place when it matches.
     HTTP(S) downloads go through pooch (hash check before the file is moved into the cache,
-    ``retry_if_failed`` with a growing wait, progress bar on a terminal).
+    ``retry_if_failed`` with a growing wait) with ``pipeline.resumable``'s downloader: an
+    interrupted transfer continues with an HTTP Range request, at the next attempt or run, when
+    the server allows (progress bar on a terminal).
 
 Output
     ``prepare_corpus`` writes ``train.{src,tgt}``, ``{valid_set}.{src,tgt}``,
@@ -59,6 +61,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
+
+from pipeline.resumable import ResumableDownloader, partial_path
 
 if TYPE_CHECKING:  # pipeline.params imports this module; only the type is needed here
     from pipeline.params import DataParams
@@ -449,14 +453,9 @@ def fetch_file(
         base = mirror.rstrip("/") + "/" if mirror else spec.base_url
         fetcher = pooch.create(path=root, base_url=base, retry_if_failed=retries,
                                registry={file.path: f"sha256:{expected}" if expected else None})
-        if progress is None:
-            progress = sys.stderr.isatty()
-        if progress:
-            try:
-                import tqdm  # noqa: F401  pooch's progress bar needs it
-            except ImportError:
-                progress = False
-        downloader = pooch.HTTPDownloader(progressbar=progress, timeout=DOWNLOAD_TIMEOUT_S)
+        # Resumes from the bytes an interrupted attempt (or run) received, when the server allows.
+        downloader = ResumableDownloader(partial_path(target), DOWNLOAD_TIMEOUT_S,
+                                         progress=sys.stderr.isatty() if progress is None else progress)
         try:
             fetcher.fetch(file.path, downloader=downloader)
         except ValueError as err:      # pooch: hash mismatch (download already deleted)

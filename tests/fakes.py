@@ -183,16 +183,69 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 
 @contextmanager
-def http_server(root: Path, cut: set[str] | None = None) -> Iterator[tuple[str, list[str]]]:
-    """An HTTP server on 127.0.0.1 (ephemeral port) serving ``root``; yields (base URL, requested paths)."""
-    requests: list[str] = []
-    handler = type("Handler", (QuietHandler,), {"requests": requests, "cut": set(cut or ())})
+def serving(handler: type, root: Path) -> Iterator[str]:
+    """``handler`` serving ``root`` on 127.0.0.1 (ephemeral port) in a thread; yields the base URL."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(root)))
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/", requests
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
     finally:
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+@contextmanager
+def http_server(root: Path, cut: set[str] | None = None) -> Iterator[tuple[str, list[str]]]:
+    """An HTTP server on 127.0.0.1 (ephemeral port) serving ``root``; yields (base URL, requested paths)."""
+    requests: list[str] = []
+    handler = type("Handler", (QuietHandler,), {"requests": requests, "cut": set(cut or ())})
+    with serving(handler, root) as url:
+        yield url, requests
+
+
+class RangeHandler(QuietHandler):
+    """Honours ``Range: bytes=N-`` (206 + Content-Range) and cuts each ``cut`` path short on its
+    first request only; ``log`` gets (path, Range header or None) for every request."""
+
+    log: list[tuple[str, str | None]]
+    honour_ranges: bool
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        rel, wanted = self.path.lstrip("/"), self.headers.get("Range")
+        self.log.append((self.path, wanted))
+        body = Path(self.directory, rel).read_bytes()
+        start = int(wanted.removeprefix("bytes=").rstrip("-")) if wanted and self.honour_ranges else 0
+        if start >= len(body) > 0:
+            self.send_response(416)
+            self.send_header("Content-Range", f"bytes */{len(body)}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        part = body[start:]
+        self.send_response(206 if start else 200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(part)))
+        if start:
+            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+        self.end_headers()
+        if rel in self.cut:
+            self.cut.discard(rel)
+            self.wfile.write(part[: len(part) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        self.wfile.write(part)
+
+
+@contextmanager
+def range_server(root: Path, cut_once: set[str], honour_ranges: bool = True
+                 ) -> Iterator[tuple[str, list[tuple[str, str | None]]]]:
+    """An HTTP server on 127.0.0.1 serving ``root`` with (or without) Range support, cutting each
+    ``cut_once`` path short on its first request; yields (base URL, [(path, Range header)])."""
+    log: list[tuple[str, str | None]] = []
+    handler = type("Handler", (RangeHandler,), {"requests": [], "cut": set(cut_once), "log": log,
+                                                "honour_ranges": honour_ranges})
+    with serving(handler, root) as url:
+        yield url, log

@@ -153,7 +153,7 @@ class TokenBatchSampler:
     tokens on its longer side (the paper: ~25000 source and target tokens per batch, §5.1).
 
     Pairs are sorted by length with a seeded random tie-break, cut into batches, and the
-    batch order is shuffled; everything is a function of (seed, epoch), so a run can resume
+    batch order is shuffled (padding: see ``padding_fraction``); everything is a function of (seed, epoch), so a run can resume
     at batch i of epoch e exactly. With ``world_size`` > 1 each rank takes every
     world_size-th batch (DistributedSampler's convention).
     """
@@ -167,7 +167,7 @@ class TokenBatchSampler:
         self.src_lengths = np.asarray(src_lengths) + 1
         self.tgt_lengths = np.asarray(tgt_lengths) + 1
         self.max_tokens, self.seed, self.shuffle = max_tokens, seed, shuffle
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.pad_multiple = rank, world_size, pad_multiple
         longest = np.maximum(self.src_lengths, self.tgt_lengths)
         # The width a pair forces on its batch once ``collate`` pads to ``pad_multiple``.
         self.widths = -(-longest // pad_multiple) * pad_multiple
@@ -183,8 +183,12 @@ class TokenBatchSampler:
         idx = self.indices
         if self.shuffle:
             idx = idx[rng.permutation(len(idx))]
-        order = np.lexsort((self.src_lengths[idx], self.tgt_lengths[idx]))  # by target, then source length
-        idx = idx[order]
+        # By target length, then source length, ascending and descending in turn from one target
+        # length to the next, so a batch that spans two target lengths also spans few source
+        # lengths (Multi30k: 4.7% padding against 6.5% with source lengths always ascending).
+        tgt = self.tgt_lengths[idx]
+        src = np.where(tgt % 2 == 0, self.src_lengths[idx], -self.src_lengths[idx])
+        idx = idx[np.lexsort((src, tgt))]
         longest = self.widths[idx]
         batches, start, width = [], 0, 0
         for i, length in enumerate(longest):
@@ -200,6 +204,17 @@ class TokenBatchSampler:
             usable = len(batches) - len(batches) % self.world_size
             batches = batches[self.rank:usable:self.world_size]
         return batches
+
+    def padding_fraction(self, epoch: int = 0) -> float:
+        """Pad tokens / all tokens of both sides (with BOS/EOS, padded as ``collate`` pads) over
+        ``epoch``'s batches."""
+        pad = real = 0
+        for batch in self.batches(epoch):
+            for lengths in (self.src_lengths[batch], self.tgt_lengths[batch]):
+                width = -(-int(lengths.max()) // self.pad_multiple) * self.pad_multiple
+                pad += width * len(batch) - int(lengths.sum())
+                real += int(lengths.sum())
+        return pad / (pad + real) if real else 0.0
 
     def __iter__(self) -> Iterator[np.ndarray]:
         return iter(self.batches(0))

@@ -119,6 +119,27 @@ def test_unshuffled_batches_are_sorted_by_length():
                                              TokenBatchSampler(src, tgt, 200, shuffle=False).batches(7)]
 
 
+def test_source_order_alternates_between_target_lengths():
+    src, tgt = np.array([1, 5, 3, 2, 6, 4]), np.array([2, 2, 2, 3, 3, 3])
+    order = np.concatenate(TokenBatchSampler(src, tgt, max_tokens=100, shuffle=False).batches(0))
+    # target length 2 (+1 = 3, odd): sources descending; target length 3 (+1 = 4, even): ascending
+    assert src[order].tolist() == [5, 3, 1, 2, 4, 6]
+
+
+def test_padding_under_five_percent_on_multi30k_lengths():
+    """§5.1 batches pairs "by approximate sequence length"; on Multi30k-like lengths (29k pairs,
+    ~14 source and ~15 target pieces) 4096-token batches pad less than 5% of tokens."""
+    rng = np.random.default_rng(0)
+    src = np.clip(rng.normal(14, 5, 29_000).astype(int), 3, 60)
+    tgt = np.clip((src * rng.normal(1.1, 0.15, src.size)).astype(int), 3, 70)
+    sampler = TokenBatchSampler(src, tgt, max_tokens=4096, seed=1)
+    fraction = sampler.padding_fraction()
+    assert 0.0 < fraction < 0.05
+    assert sampler.padding_fraction(epoch=3) < 0.05
+    padded8 = TokenBatchSampler(src, tgt, max_tokens=4096, seed=1, pad_multiple=8)
+    assert padded8.padding_fraction() > fraction  # widths rounded up to multiples of 8 pad more
+
+
 def test_collate_places_bos_eos_and_pads(tmp_path):
     store = write_token_store(tmp_path / "s", [([5, 6, 7], [8, 9]), ([10], [11, 12, 13, 14])], vocab_size=20)
     batch = collate(store, [0, 1])
