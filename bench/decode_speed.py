@@ -3,23 +3,24 @@
 Three decoders translate the same source sentences with beam 4 (§6.1) on the same weights:
 
 (a) ours: ``transformer.search.beam_search``, batched, with the decoder's key/value cache
-    (one new position per hypothesis and step), through ``pipeline.translation.Translator``;
-(b) naive: the same search and batching, but every step re-runs ``model.decode`` without a
-    cache on the whole target prefix (and, as ``model.decode`` does, projects every position
-    onto the vocabulary); the encoder still runs once per batch. Same algorithm, same
-    outputs (up to float rounding): the ratio isolates what the cache saves;
+    (one new position per hypothesis and step), through ``pipeline.translation.Translator``
+    (weights packed once for oneDNN, ``transformer.packed``), fp32, and with bf16 weights;
+(b) naive: the same search, batching and packed weights, but every step re-runs
+    ``model.decode`` without a cache on the whole target prefix (and, as ``model.decode`` does,
+    projects every position onto the vocabulary); the encoder still runs once per batch. Same
+    algorithm, same outputs (up to float rounding): the ratio isolates what the cache saves;
 (c) CTranslate2 fp32 (``compute_type="float32"``) on the export of the same weights
     (``pipeline.export``), with as many intra-op threads as torch uses (``--threads``). Its length penalty
     is |Y| ** lp rather than GNMT's ((5 + |Y|) / 6) ** alpha, so a few outputs may differ.
 
-Speed is target tokens (hypothesis + EOS) per second. The model is ``--model`` and
-``--tokenizer`` when both exist; otherwise the ``small`` preset trained for
-``--train-seconds`` on Multi30k En-De (tokenizer trained first); otherwise a randomly
-initialised ``small`` model whose EOS embedding is zeroed so that every output runs to the
-length limit (a fixed length for the fixed-length synthetic sources), which is said in the
+Speed is target tokens (hypothesis + EOS) per second, the median of ``--rounds`` interleaved
+rounds. The model is ``--model`` and ``--tokenizer`` when both exist; otherwise the ``small``
+preset trained for ``--train-seconds`` on Multi30k En-De (tokenizer trained first); otherwise a
+randomly initialised ``small`` model whose EOS embedding is zeroed so that every output runs to
+the length limit (a fixed length for the fixed-length synthetic sources), which is said in the
 output. The last two lines are ``ours_vs_ctranslate2=<x>`` and ``ratio=<ours / naive>``.
 
-    python bench/decode_speed.py [--sentences 200] [--train-seconds 60] [--threads 1]
+    python bench/decode_speed.py [--sentences 200] [--train-seconds 60] [--threads 1] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import ctranslate2
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -131,13 +133,24 @@ def sources(args: argparse.Namespace, tokenizer: Tokenizer | None) -> list[list[
     return torch.randint(4, 8000, (args.sentences, 14), generator=g).tolist()
 
 
-def timed(decode: Callable[[Sequence[Sequence[int]]], list[list[int]]], ids: list[list[int]]
-          ) -> tuple[list[list[int]], float]:
-    """Outputs and target tokens per second (hypotheses + EOS), after a small warm-up."""
-    decode(ids[:8])
-    started = time.perf_counter()
-    out = decode(ids)
-    return out, sum(len(h) + 1 for h in out) / (time.perf_counter() - started)
+Decoder = Callable[[Sequence[Sequence[int]]], list[list[int]]]
+
+
+def timed(decoders: dict[str, Decoder], ids: list[list[int]], rounds: int
+          ) -> dict[str, tuple[list[list[int]], float]]:
+    """Per decoder: its outputs and its median target tokens per second (hypotheses + EOS) over
+    ``rounds`` interleaved rounds (a slow spell of a shared machine hits every decoder), after a
+    small warm-up."""
+    speeds: dict[str, list[float]] = {name: [] for name in decoders}
+    outputs: dict[str, list[list[int]]] = {}
+    for decode in decoders.values():
+        decode(ids[:8])
+    for _ in range(rounds):
+        for name, decode in decoders.items():
+            started = time.perf_counter()
+            outputs[name] = decode(ids)
+            speeds[name].append(sum(len(h) + 1 for h in outputs[name]) / (time.perf_counter() - started))
+    return {name: (outputs[name], float(np.median(speeds[name]))) for name in decoders}
 
 
 def ctranslate2_decoder(model: Transformer, tokenizer: Tokenizer | None, workdir: Path, args: argparse.Namespace
@@ -178,6 +191,7 @@ def main() -> None:
     parser.add_argument("--alpha", type=float, default=0.6)
     parser.add_argument("--max-len-b", type=int, default=50)
     parser.add_argument("--batch-sentences", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (median taken)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch and CTranslate2 intra-op threads (default 1: on a small shared machine "
                              "a second thread is often contended and makes timings erratic)")
@@ -193,11 +207,13 @@ def main() -> None:
               f"{sum(map(len, ids)) / len(ids):.1f} source pieces each")
         options = dict(beam_size=args.beam, alpha=args.alpha, max_len_b=args.max_len_b,
                        batch_sentences=args.batch_sentences)
-        ours, ours_speed = timed(Translator(model, tokenizer, **options).translate_ids, ids)
-        ours_bf16, bf16_speed = timed(Translator(model, tokenizer, **options, precision="bf16").translate_ids, ids)
-        naive, naive_speed = timed(Translator(NaiveDecoder(model), tokenizer, **options).translate_ids, ids)
-        ct2_decode = ctranslate2_decoder(model, tokenizer, workdir, args)
-        ct2, ct2_speed = timed(ct2_decode, ids)
+        results = timed({
+            "ours": Translator(model, tokenizer, **options).translate_ids,
+            "ours_bf16": Translator(model, tokenizer, **options, precision="bf16").translate_ids,
+            "naive": Translator(NaiveDecoder(model), tokenizer, **options).translate_ids,
+            "ct2": ctranslate2_decoder(model, tokenizer, workdir, args),
+        }, ids, args.rounds)
+        (ours, ours_speed), (ours_bf16, bf16_speed), (naive, naive_speed), (ct2, ct2_speed) = results.values()
 
     same = lambda other: sum(a == b for a, b in zip(ours, other)) / len(ours)
     print(f"ours (KV cache)       {ours_speed:9.1f} target tokens/s  "

@@ -1,10 +1,10 @@
 """Training throughput: this package against a torch.nn.Transformer reference (fp32, eager).
 
 Both train the same shape (d_model 256, 3+3 layers, 4 heads, d_ff 1024, 8000 shared
-vocabulary) on the same synthetic Multi30k-like batches (4096 padded tokens); the last
-line is ``ratio=<ours / reference>`` in target tokens per second.
+vocabulary) on the same synthetic Multi30k-like batches (4096 padded tokens), in interleaved
+rounds; the last line is ``ratio=<ours / reference>`` of the median target tokens per second.
 
-    python bench/train_throughput.py [--steps 30] [--precision bf16] [--compile]
+    python bench/train_throughput.py [--steps 20] [--rounds 3] [--precision bf16] [--compile]
 """
 
 from __future__ import annotations
@@ -91,16 +91,18 @@ def throughput(model: nn.Module, batches: list[Batch], precision: str, steps: in
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=20, help="timed updates per round and model")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of (reference, ours), interleaved so that a slow spell of a shared "
+                             "machine hits both; the ratio is of the medians")
+    parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--precision", default="bf16", choices=["fp32", "bf16"])
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--max-tokens", type=int, default=4096)
     args = parser.parse_args()
     torch.manual_seed(0)
     batches = synthetic_batches(4000, args.max_tokens)
-    ref = throughput(Reference(), batches, "fp32", args.steps, args.warmup, fused=False)
-    print(f"reference torch.nn.Transformer fp32 eager: {ref:,.0f} target tokens/s")
+    reference = Reference()
     config = build_config("small", VOCAB, n_heads=HEADS, d_ff=D_FF, dropout=0.1)
     model: nn.Module = Transformer(config)
     if args.compile:
@@ -108,10 +110,17 @@ def main() -> None:
         model = torch.compile(model, dynamic=True)
         throughput(model, batches, args.precision, 1, 2, fused=True)
         print(f"torch.compile warm-up: {time.perf_counter() - t0:.1f} s")
-    ours = throughput(model, batches, args.precision, args.steps, args.warmup, fused=True)
+    refs, ours = [], []
+    for r in range(args.rounds):
+        window = batches[r * args.steps:] + batches[:r * args.steps]  # the same batches for both models
+        refs.append(throughput(reference, window, "fp32", args.steps, args.warmup, fused=False))
+        ours.append(throughput(model, window, args.precision, args.steps, args.warmup, fused=True))
+        print(f"round {r + 1}: reference {refs[-1]:,.0f}, ours {ours[-1]:,.0f} target tokens/s", flush=True)
+    ref, our = float(np.median(refs)), float(np.median(ours))
+    print(f"reference torch.nn.Transformer fp32 eager: {ref:,.0f} target tokens/s (median of {args.rounds})")
     label = f"{args.precision}{' compiled' if args.compile else ' eager'}, fused Adam, explicit attention on CPU"
-    print(f"transformer package {label}: {ours:,.0f} target tokens/s")
-    print(f"ratio={ours / ref:.2f}")
+    print(f"transformer package {label}: {our:,.0f} target tokens/s (median of {args.rounds})")
+    print(f"ratio={our / ref:.2f}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from transformer.packed import pack_linears, packing_available
 from transformer.model import Transformer
 from transformer.search import beam_search, greedy_search
 from transformer.tokenizer import Tokenizer
@@ -24,6 +25,7 @@ class Translator:
     max_len_b: int = 50
     batch_sentences: int = 64
     precision: str = "fp32"
+    packed: bool = True
 
     def __post_init__(self) -> None:
         if self.precision not in ("fp32", "bf16"):
@@ -32,6 +34,10 @@ class Translator:
             # Weights cast once: autocast would re-cast them at every decoding step (measured
             # slower than fp32). 1.8x faster than fp32 on this CPU, BLEU within 0.05.
             self.model = copy.deepcopy(self.model).to(torch.bfloat16)
+        if self.packed and self.device.type == "cpu" and packing_available():
+            # On a copy: the caller's model keeps its plain, trainable layers.
+            model = self.model if self.precision == "bf16" else copy.deepcopy(self.model)
+            self.model = pack_linears(model)
 
     @property
     def device(self) -> torch.device:

@@ -95,6 +95,18 @@ class MultiHeadAttention(nn.Module):
         self.attention_dropout = attention_dropout
         self.in_proj = nn.Linear(d_model, 3 * d_model)
         self.out_proj = nn.Linear(d_model, d_model)
+        # "qkv", "q", "kv" -> a packed projection for CPU inference (``transformer.packed``), or None.
+        self.packed_projections: dict[str, nn.Module] | None = None
+
+    def _project(self, x: Tensor, part: str) -> Tensor:
+        """x W^T + b for the rows of ``in_proj`` named by ``part``: "qkv" (all), "q" or "kv"."""
+        if self.packed_projections is not None:
+            return self.packed_projections[part](x)
+        w, bias = self.in_proj.weight, self.in_proj.bias
+        if part == "qkv":
+            return F.linear(x, w, bias)
+        rows = slice(0, self.d_model) if part == "q" else slice(self.d_model, None)
+        return F.linear(x, w[rows], bias[rows])
 
     def _split(self, x: Tensor) -> Tensor:
         b, t, _ = x.shape  # (B, T, D) -> (B, h, T, d)
@@ -116,18 +128,17 @@ class MultiHeadAttention(nn.Module):
         Returns (output (B, T, D), weights (B, h, T, S) or None).
         """
         d = self.d_model
-        w, bias = self.in_proj.weight, self.in_proj.bias
         if memory is None:
-            q, k, v = F.linear(x, w, bias).split(d, dim=-1)
+            q, k, v = self._project(x, "qkv").split(d, dim=-1)
             q, k, v = self._split(q), self._split(k), self._split(v)
             if cache is not None:
                 k, v = cache.append(k, v)
         else:
-            q = self._split(F.linear(x, w[:d], bias[:d]))
+            q = self._split(self._project(x, "q"))
             if cache is not None and cache.k is not None:
                 k, v = cache.k, cache.v
             else:
-                k, v = F.linear(memory, w[d:], bias[d:]).split(d, dim=-1)
+                k, v = self._project(memory, "kv").split(d, dim=-1)
                 k, v = self._split(k), self._split(v)
                 if cache is not None:
                     k, v = cache.append(k, v)

@@ -46,7 +46,7 @@ def _strip(ids: list[int], eos_id: int, pad_id: int) -> list[int]:
     return out
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def greedy_search(model: Transformer, src: Tensor, *, max_len_b: int = 50,
                   bos_id: int = BOS_ID, eos_id: int = EOS_ID) -> SearchResult:
     """Pick the most probable token at every step. src (B, S) -> one hypothesis per sentence.
@@ -83,7 +83,7 @@ def greedy_search(model: Transformer, src: Tensor, *, max_len_b: int = 50,
     return SearchResult([_strip(row, eos_id, model.config.pad_id) for row in out.tolist()], scores.tolist())
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def beam_search(model: Transformer, src: Tensor, *, beam_size: int = 4, alpha: float = 0.6,
                 max_len_b: int = 50, bos_id: int = BOS_ID, eos_id: int = EOS_ID) -> SearchResult:
     """Batched beam search (§6.1: beam 4, alpha 0.6) returning the best hypothesis per sentence.
@@ -119,16 +119,15 @@ def beam_search(model: Transformer, src: Tensor, *, beam_size: int = 4, alpha: f
 
     for t in range(longest):
         n = active.numel()
-        logits = model.decode(tokens[:, -1:], memory, src_mask, cache)[:, -1].float()  # (n * width, V)
-        log_z = logits.logsumexp(dim=-1, keepdim=True)
+        lprobs = torch.log_softmax(model.decode(tokens[:, -1:], memory, src_mask, cache)[:, -1].float(), -1)
         at_limit = t + 1 >= max_lens  # only EOS may follow; it keeps its own log-probability
         if bool(at_limit.any()):
             rows = at_limit.repeat_interleave(width)
-            logits[rows] = logits[rows].masked_fill(~is_eos_column, float("-inf"))
+            lprobs[rows] = lprobs[rows].masked_fill(~is_eos_column, float("-inf"))
         # A sentence's 2K best continuations are among the 2K best tokens of each hypothesis:
         # ranking those alone spares a pass over width x V scores.
-        row_scores, row_tokens = logits.topk(2 * k, dim=-1)
-        cand = (beam_scores.unsqueeze(-1) + (row_scores - log_z).view(n, width, 2 * k)).view(n, -1)
+        row_scores, row_tokens = lprobs.topk(2 * k, dim=-1)
+        cand = (beam_scores.unsqueeze(-1) + row_scores.view(n, width, 2 * k)).view(n, -1)
         top_scores, top_index = cand.topk(2 * k, dim=-1)  # (n, 2K), best first
         top_beam = top_index // (2 * k)
         top_token = row_tokens.view(n, -1).gather(1, top_index)
@@ -175,7 +174,7 @@ def beam_search(model: Transformer, src: Tensor, *, beam_size: int = 4, alpha: f
     return SearchResult([_strip(row, eos_id, model.config.pad_id) for row in best], fin_scores[:, 0].tolist())
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def attention_weights(model: Transformer, src: Tensor, hypothesis: list[int],
                       bos_id: int = BOS_ID) -> AttentionWeights:
     """Attention of every layer and head for one source (1, S) and its translation, by a
