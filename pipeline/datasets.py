@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 from pipeline.resumable import ResumableDownloader, partial_path
+from transformer.checkpoint import file_sha256
 
 if TYPE_CHECKING:  # pipeline.params imports this module; only the type is needed here
     from pipeline.params import DataParams
@@ -352,15 +353,6 @@ def _write_atomic(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def file_sha256(path: Path) -> str:
-    """The sha256 hex digest of a file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 # ----------------------------------------------------------------------------- download

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from pipeline import datasets
 
@@ -57,6 +58,17 @@ def corrupt(path: Path, how: str) -> None:
         path.write_bytes(bytes(data))
     else:
         raise ValueError(how)
+
+
+# ----------------------------------------------------------------------------- params
+
+
+def params_with(sections: dict[str, dict]) -> dict:
+    """The repository's params.yaml with the keys of ``sections`` replaced, section by section."""
+    params = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
+    for section, values in sections.items():
+        params[section] = {**params.get(section, {}), **values}
+    return params
 
 
 # ----------------------------------------------------------------------------- archives

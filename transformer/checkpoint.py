@@ -82,10 +82,15 @@ def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu"
     return model_from_checkpoint(load_checkpoint(path, map_location), str(path)).to(map_location)
 
 
+def require_model_entries(ckpt: Any, source: str) -> None:
+    """A model checkpoint is a dict with ``model_config`` and ``model``; else one ``CheckpointError``."""
+    if not isinstance(ckpt, dict) or "model_config" not in ckpt or "model" not in ckpt:
+        raise CheckpointError(f"{source} has no model_config/model entries: not a model checkpoint")
+
+
 def model_from_checkpoint(ckpt: dict[str, Any], source: str = "checkpoint") -> Transformer:
     """Rebuild a ``Transformer`` from an already loaded model checkpoint."""
-    if "model_config" not in ckpt or "model" not in ckpt:
-        raise CheckpointError(f"{source} has no model_config/model entries")
+    require_model_entries(ckpt, source)
     model = Transformer(ModelConfig.from_dict(ckpt["model_config"]))
     load_state(model, ckpt["model"], source=source)
     return model
@@ -120,14 +125,11 @@ def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict[str, Any]:
     config = None
     for path in paths:
         ckpt = load_checkpoint(path)
-        if not isinstance(ckpt, dict) or "model_config" not in ckpt or "model" not in ckpt:
-            raise CheckpointError(f"{path} has no model_config/model entries: not a model checkpoint")
+        require_model_entries(ckpt, str(path))
         if config is None:
             config = ckpt["model_config"]
         elif ckpt["model_config"] != config:
-            differ = ", ".join(f"{k} {ckpt['model_config'].get(k)!r} (vs {config.get(k)!r})"
-                               for k in sorted(set(config) | set(ckpt["model_config"]))
-                               if config.get(k) != ckpt["model_config"].get(k))
+            differ = describe_differences(config_differences(ckpt["model_config"], ModelConfig.from_dict(config)))
             raise CheckpointError(f"{path} has a different model config from {paths[0]}: {differ}")
         for name, tensor in ckpt["model"].items():
             if name in total:
@@ -160,6 +162,11 @@ def config_differences(checkpoint_config: dict[str, Any], config: ModelConfig) -
     return {name: (stored.get(name), own[name]) for name in own if stored.get(name) != own[name]}
 
 
+def describe_differences(differences: dict[str, tuple[Any, Any]], other: str = "vs") -> str:
+    """``config_differences`` in words: ``d_ff 48 (vs 64), ...``."""
+    return ", ".join(f"{name} {old!r} ({other} {new!r})" for name, (old, new) in differences.items())
+
+
 def init_weights(model: Transformer, path: str | os.PathLike, map_location: str | torch.device = "cpu") -> str:
     """Copy the weights of the model checkpoint ``path`` into ``model`` (the start of a fine-tuning);
     returns the sha256 of the file's bytes, the identity of the starting point.
@@ -171,11 +178,10 @@ def init_weights(model: Transformer, path: str | os.PathLike, map_location: str 
     index).
     """
     ckpt = load_checkpoint(path, map_location)
-    if not isinstance(ckpt, dict) or "model_config" not in ckpt or "model" not in ckpt:
-        raise CheckpointError(f"{path} has no model_config/model entries: not a model checkpoint")
+    require_model_entries(ckpt, str(path))
     differences = config_differences(ckpt["model_config"], model.config)
     if differences:
-        described = ", ".join(f"{name} {old!r} (this model: {new!r})" for name, (old, new) in differences.items())
+        described = describe_differences(differences, "this model:")
         hint = ("; another vocab_size means another tokenizer: use the one these weights were trained with"
                 if "vocab_size" in differences else "")
         raise CheckpointError(f"{path} was trained with another model config: {described}{hint}")

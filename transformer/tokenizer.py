@@ -80,3 +80,13 @@ def train_tokenizer(texts: Iterable[str], model_file: str | os.PathLike, vocab_s
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return Tokenizer(model_file)
+
+
+def open_tokenizer(model_file: str | os.PathLike) -> Tokenizer:
+    """``Tokenizer(model_file)``; a file that is not a SentencePiece model gives one ``ValueError``
+    line instead of sentencepiece's OSError/RuntimeError report."""
+    try:
+        return Tokenizer(model_file)
+    except (OSError, RuntimeError, ValueError) as err:
+        first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        raise ValueError(f"{model_file} is not a usable SentencePiece model: {first}") from None

@@ -19,7 +19,7 @@ from pipeline.translation import Translator
 from transformer.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
 from transformer.precision import default_device
 from transformer.search import attention_weights
-from transformer.tokenizer import Tokenizer
+from transformer.tokenizer import open_tokenizer
 
 
 def score(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
@@ -42,10 +42,9 @@ def load_averaged() -> dict[str, Any]:
 def load_translator(params: Params, checkpoint: dict[str, Any], device: torch.device | None = None) -> Translator:
     model = model_from_checkpoint(checkpoint, str(paths.AVERAGED_MODEL)).to(device or default_device())
     try:
-        tokenizer = Tokenizer(paths.TOKENIZER_MODEL)
-    except (OSError, RuntimeError, ValueError) as err:   # sentencepiece raises OSError/RuntimeError on junk
-        first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
-        raise ParamsError(f"{paths.TOKENIZER_MODEL} is not a usable SentencePiece model: {first}") from None
+        tokenizer = open_tokenizer(paths.TOKENIZER_MODEL)
+    except ValueError as err:
+        raise ParamsError(str(err)) from None
     if tokenizer.vocab_size != model.config.vocab_size:   # another tokenizer: its ids are not the model's rows
         raise CheckpointError(f"{paths.AVERAGED_MODEL} has a vocabulary of {model.config.vocab_size} but "
                               f"{paths.TOKENIZER_MODEL} has {tokenizer.vocab_size} pieces: the model was trained "

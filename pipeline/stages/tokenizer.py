@@ -18,17 +18,16 @@ from pipeline.io import read_lines, write_json
 from pipeline.params import DataParams, ParamsError, TokenizerParams, load_params, run_stage
 from transformer.checkpoint import atomic_write
 from transformer.data import write_token_store
-from transformer.tokenizer import Tokenizer, train_tokenizer
+from transformer.tokenizer import Tokenizer, open_tokenizer, train_tokenizer
 
 
 def reuse_tokenizer(source: Path, target: Path, vocab_size: int) -> Tokenizer:
     """Copy the SentencePiece model ``source`` to ``target`` (atomically), after checking that it
     is one, with the package's special ids and ``vocab_size`` pieces (``tokenizer.vocab_size``)."""
     try:
-        tokenizer = Tokenizer(source)
-    except (OSError, RuntimeError, ValueError) as err:   # sentencepiece raises OSError/RuntimeError on junk
-        raise ParamsError(f"params.yaml: tokenizer.model_from {source} is not a usable SentencePiece model: "
-                          f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+        tokenizer = open_tokenizer(source)
+    except ValueError as err:
+        raise ParamsError(f"params.yaml: tokenizer.model_from {err}") from None
     if tokenizer.vocab_size != vocab_size:
         raise ParamsError(f"params.yaml: tokenizer.model_from {source} has {tokenizer.vocab_size} pieces but "
                           f"tokenizer.vocab_size is {vocab_size}: a reused tokenizer keeps its vocabulary, "

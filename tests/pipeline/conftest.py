@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ..fakes import params_with
+
 REPO = Path(__file__).resolve().parents[2]
 MIRROR = REPO.parent / "shared" / "data" / "multi30k"
 BIN = Path(sys.executable).parent
@@ -53,10 +55,7 @@ class Workspace:
 
 
 def tiny_params(overrides: dict | None = None) -> dict:
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
-    for section, values in {**TINY, **(overrides or {})}.items():
-        params[section] = {**params.get(section, {}), **values}
-    return params
+    return params_with({**TINY, **(overrides or {})})
 
 
 def make_workspace(root: Path, params: dict) -> tuple[Path, dict[str, str]]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ..fakes import synthetic_corpus
+from ..fakes import params_with, synthetic_corpus
 
 REPO = Path(__file__).resolve().parents[2]
 SPLITS = {"train": 120, "val": 12, "test_2016_flickr": 12}
@@ -29,10 +29,7 @@ TINY = {
 
 
 def tiny_params(overrides: dict | None = None) -> dict:
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
-    for section, values in {**TINY, **(overrides or {})}.items():
-        params[section] = {**params.get(section, {}), **values}
-    return params
+    return params_with({**TINY, **(overrides or {})})
 
 
 def stage_env(root: Path) -> dict[str, str]:

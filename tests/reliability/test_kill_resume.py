@@ -35,6 +35,8 @@ from transformer.checkpoint import load_checkpoint
 from transformer.data import TokenBatchSampler, write_token_store
 from transformer.trainer import list_checkpoints
 
+from ..fakes import params_with
+
 REPO = Path(__file__).resolve().parents[2]
 CHILD = Path(__file__).resolve().with_name("train_child.py")
 N_STEPS = 30          # 6 epochs of 5 updates (10 batches of <= 96 tokens, 2 batches an update)
@@ -224,9 +226,7 @@ TINY_STAGE = {
 def stage_workspace(root: Path, store: Path, experiment: str) -> tuple[Path, dict[str, str]]:
     """A folder the train stage runs in: params.yaml (tiny) and token stores (no git, no DVC);
     the MLflow store is one SQLite file beside it, shared by the test's workspaces."""
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
-    for section, values in TINY_STAGE.items():
-        params[section] = {**params.get(section, {}), **values}
+    params = params_with(TINY_STAGE)
     params["tracking"]["experiment"] = experiment
     root.mkdir(parents=True)
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
