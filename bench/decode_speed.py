@@ -14,7 +14,9 @@ Three decoders translate the same source sentences with beam 4 (§6.1) on the sa
     is |Y| ** lp rather than GNMT's ((5 + |Y|) / 6) ** alpha, so a few outputs may differ.
 
 Speed is target tokens (hypothesis + EOS) per second, the median of ``--rounds`` interleaved
-rounds. The model is ``--model`` and ``--tokenizer`` when both exist; otherwise the ``small``
+rounds. The floating-point work of (a) and (b) is then counted once (``FlopCounterMode``, plain
+layers): its ratio is what the cache saves, and so the most ``ratio=`` can reach on these
+sentences if both ran their matrix products equally fast (the naive one's are larger, so faster). The model is ``--model`` and ``--tokenizer`` when both exist; otherwise the ``small``
 preset trained for ``--train-seconds`` on Multi30k En-De (tokenizer trained first); otherwise a
 randomly initialised ``small`` model whose EOS embedding is zeroed so that every output runs to
 the length limit (a fixed length for the fixed-length synthetic sources), which is said in the
@@ -37,6 +39,7 @@ import ctranslate2
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from pipeline.export import build_spec, export_ctranslate2, sentencepiece_vocabulary
 from pipeline.translation import Translator
@@ -153,6 +156,15 @@ def timed(decoders: dict[str, Decoder], ids: list[list[int]], rounds: int
     return {name: (outputs[name], float(np.median(speeds[name]))) for name in decoders}
 
 
+def floating_point_work(model: nn.Module, tokenizer: Tokenizer | None, ids: list[list[int]], options: dict) -> float:
+    """Floating-point operations of translating ``ids`` (matrix products, attention included), as
+    counted by PyTorch on the plain (unpacked) layers."""
+    translator = Translator(model, tokenizer, **options, packed=False)
+    with FlopCounterMode(display=False) as counter:
+        translator.translate_ids(ids)
+    return float(counter.get_total_flops())
+
+
 def ctranslate2_decoder(model: Transformer, tokenizer: Tokenizer | None, workdir: Path, args: argparse.Namespace
                         ) -> Callable[[Sequence[Sequence[int]]], list[list[int]]]:
     """CTranslate2 beam search on ``model``'s weights exported with ``pipeline.export``."""
@@ -214,6 +226,7 @@ def main() -> None:
             "ct2": ctranslate2_decoder(model, tokenizer, workdir, args),
         }, ids, args.rounds)
         (ours, ours_speed), (ours_bf16, bf16_speed), (naive, naive_speed), (ct2, ct2_speed) = results.values()
+        ours_work, naive_work = (floating_point_work(m, tokenizer, ids, options) for m in (model, NaiveDecoder(model)))
 
     same = lambda other: sum(a == b for a, b in zip(ours, other)) / len(ours)
     print(f"ours (KV cache)       {ours_speed:9.1f} target tokens/s  "
@@ -221,6 +234,9 @@ def main() -> None:
     print(f"ours bf16 weights     {bf16_speed:9.1f} target tokens/s  same outputs as ours: {same(ours_bf16):.1%}")
     print(f"naive (no cache)      {naive_speed:9.1f} target tokens/s  same outputs as ours: {same(naive):.1%}")
     print(f"CTranslate2 fp32      {ct2_speed:9.1f} target tokens/s  same outputs as ours: {same(ct2):.1%}")
+    print(f"work (FLOPs)           ours {ours_work / 1e9:.1f} G, naive {naive_work / 1e9:.1f} G: the cache saves "
+          f"{naive_work / ours_work:.2f}x, the ceiling of ratio= on these sentences; reached: "
+          f"{ours_speed / naive_speed / (naive_work / ours_work):.0%}")
     print(f"ours_bf16_vs_ctranslate2_fp32={bf16_speed / ct2_speed:.3f}")
     print(f"ours_vs_ctranslate2={ours_speed / ct2_speed:.3f}")
     print(f"ratio={ours_speed / naive_speed:.3f}")

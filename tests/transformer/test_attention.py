@@ -238,6 +238,24 @@ def test_kv_cache_append_and_reorder():
     assert torch.equal(cache.k[0], k[2]) and torch.equal(cache.k[1], k[2]) and torch.equal(cache.v[2], v[0])
 
 
+def test_kv_cache_reorders_lazily_into_the_next_append():
+    """Reorders are recorded and composed, then applied by the next append in the same copy
+    that lengthens the cache: the result equals reordering then concatenating."""
+    torch.manual_seed(0)
+    k0, v0 = torch.randn(4, 2, 3, 5), torch.randn(4, 2, 3, 5)
+    k1, v1 = torch.randn(3, 2, 1, 5), torch.randn(3, 2, 1, 5)
+    cache = KVCache()
+    cache.append(k0, v0)
+    cache.reorder(torch.tensor([3, 1, 1, 0]))
+    cache.reorder(torch.tensor([2, 0, 3]))  # composed: rows 1, 3, 0 of the original
+    k, v = cache.append(k1, v1)
+    rows = torch.tensor([1, 3, 0])
+    assert torch.equal(k, torch.cat([k0[rows], k1], dim=2)) and torch.equal(v, torch.cat([v0[rows], v1], dim=2))
+    assert k.is_contiguous() and v.is_contiguous() and cache.length == 4
+    cache.reorder(torch.tensor([2]))  # read before any append: applied by the read
+    assert torch.equal(cache.k, k[2:]) and torch.equal(cache.v, v[2:])
+
+
 def test_kv_cache_is_contiguous():
     """A strided cache would make every decoding step copy it before the matrix products."""
     cache = KVCache()

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from transformer.attention import MultiHeadAttention
+from transformer.layers import FeedForward
 from transformer.packed import PackedLinear, pack_linears, packing_available
 from transformer.search import beam_search, greedy_search
 
@@ -32,9 +33,23 @@ def test_packed_linear_equals_f_linear(dtype, tolerance):
     assert PackedLinear(w, None)(torch.zeros(2, 32, dtype=dtype)).abs().max() == 0
 
 
-def test_pack_linears_replaces_every_linear_and_keeps_the_model_s_outputs():
-    model = tiny_model(seed=2).eval()
+@pytest.mark.parametrize("activation", [F.relu, F.gelu])
+def test_packed_linear_fuses_the_activation(activation):
+    torch.manual_seed(0)
+    w, b, x = torch.randn(48, 32), torch.randn(48), torch.randn(3, 5, 32)
+    with torch.inference_mode():
+        expected, got = activation(F.linear(x, w, b)), PackedLinear(w, b, activation=activation)(x)
+    assert float((got - expected).abs().max()) <= 1e-5 * float(expected.abs().max())
+    assert (got < 0).any() == (activation is F.gelu)  # ReLU's output is never negative; GELU's can be
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_pack_linears_replaces_every_linear_and_keeps_the_model_s_outputs(activation):
+    model = tiny_model(seed=2, activation=activation).eval()
     packed = pack_linears(copy.deepcopy(model))
+    feed_forwards = [m for m in packed.modules() if isinstance(m, FeedForward)]
+    assert feed_forwards and all(isinstance(m.activation, nn.Identity) and m.linear1.post_op == activation
+                                 for m in feed_forwards)
     assert not any(isinstance(m, nn.Linear) and not isinstance(parent, MultiHeadAttention)
                    for parent in packed.modules() for m in parent.children())
     attention = [m for m in packed.modules() if isinstance(m, MultiHeadAttention)]

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from transformer.search import attention_weights, beam_search, greedy_search, length_penalty
+from transformer.search import (attention_weights, beam_search, best_continuations, greedy_search,
+                                length_penalty)
 from transformer.tokens import BOS_ID, EOS_ID, PAD_ID
 
 from .conftest import pad_batch, tiny_model
@@ -38,6 +39,28 @@ def suppress(model, token, bias):
 
     model.decode = biased
     return calls
+
+
+@pytest.mark.parametrize("vocab, width", [(8000, 4), (8000, 1), (24, 4), (997, 3), (64, 1)])
+def test_best_continuations_equal_a_top_k_over_every_score(vocab, width):
+    """The block-wise ranking (V = 8000: blocks of 64) and its fallbacks (V = 24, 64: too few
+    blocks; V = 997: prime) return exactly the top 2K of beam_score + log-probability."""
+    torch.manual_seed(vocab + width)
+    n, count = 5, 8
+    lprobs = torch.log_softmax(3 * torch.randn(n * width, vocab), dim=-1)
+    beam_scores = -torch.rand(n, width) * 4
+    if width > 1:
+        beam_scores[1, 1:] = float("-inf")  # a sentence with a single live hypothesis
+    lprobs[2 * width, :] = float("-inf")  # masked to EOS only at the length limit
+    lprobs[2 * width, EOS_ID] = -0.5
+    expected_scores, expected_index = (beam_scores.unsqueeze(-1) + lprobs.view(n, width, vocab)).view(n, -1).topk(count)
+    scores, beam, token = best_continuations(lprobs, beam_scores, count)
+    assert torch.equal(scores, expected_scores)
+    finite = scores > float("-inf")  # the order of -inf ties is arbitrary
+    assert torch.equal(beam[finite], (expected_index // vocab)[finite])
+    assert torch.equal(token[finite], (expected_index % vocab)[finite])
+    assert torch.equal(scores, beam_scores.gather(1, beam) + lprobs.view(n, width, vocab)[
+        torch.arange(n)[:, None], beam, token])
 
 
 def test_length_penalty_values():
