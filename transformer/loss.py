@@ -21,14 +21,19 @@ def label_smoothed_cross_entropy(logits: Tensor, target: Tensor, pad_id: int, ep
     """Label smoothing (§5.4): cross-entropy against (1 - eps) on the reference token plus eps
     spread uniformly over the vocabulary (Szegedy et al., 2016), summed over non-pad tokens.
 
-    PyTorch's fused ``cross_entropy`` does the work in the logits' dtype with float
-    accumulation: on CPU it is 4x faster than an explicit log-softmax in float32.
+    The arithmetic is that of PyTorch's ``cross_entropy`` with ``label_smoothing`` (a log-softmax
+    in the logits' dtype with float accumulation: on CPU 4x faster than one in float32), spelled
+    out so that the plain negative log-likelihood comes from the same log-softmax instead of a
+    second pass over the (tokens x V) logits (3% of a training step on CPU).
 
     Args:
         logits: (B, T, V); target: (B, T) ids, positions equal to ``pad_id`` ignored.
     """
-    flat_logits, flat_target = logits.flatten(0, -2), target.reshape(-1)
-    loss = F.cross_entropy(flat_logits, flat_target, ignore_index=pad_id, reduction="sum", label_smoothing=epsilon)
-    with torch.no_grad():
-        nll = F.cross_entropy(flat_logits, flat_target, ignore_index=pad_id, reduction="sum")
-    return LossOutput(loss.float(), nll.float(), flat_target.ne(pad_id).sum())
+    flat_target = target.reshape(-1)
+    lprobs = F.log_softmax(logits.flatten(0, -2), dim=-1)
+    nll = F.nll_loss(lprobs, flat_target, ignore_index=pad_id, reduction="sum")
+    real = flat_target.ne(pad_id)
+    # -sum over the vocabulary of log p, over the non-pad positions: the uniform part of the target.
+    smooth = -lprobs.sum(dim=-1).masked_fill(~real, 0.0).sum()
+    loss = (1.0 - epsilon) * nll + (epsilon / lprobs.size(-1)) * smooth
+    return LossOutput(loss.float(), nll.detach().float(), real.sum())

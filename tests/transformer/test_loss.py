@@ -93,3 +93,22 @@ def test_gradient_flows_through_loss_not_nll():
     smoothed = torch.full((5,), 0.1 / 5)
     smoothed[1] += 0.9
     assert torch.allclose(logits.grad[0, 0], p - smoothed, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_same_arithmetic_as_pytorch_cross_entropy(dtype):
+    """One log-softmax gives both losses, bit for bit what ``F.cross_entropy`` gives with and
+    without ``label_smoothing``, gradient included (bf16: the training's autocast dtype)."""
+    torch.manual_seed(0)
+    logits = (3 * torch.randn(3, 7, 50)).to(dtype).requires_grad_()
+    target = torch.randint(1, 50, (3, 7))
+    target[:, 5:] = PAD
+    out = label_smoothed_cross_entropy(logits, target, PAD, epsilon=0.1)
+    out.loss.backward()
+    ours_grad, logits.grad = logits.grad, None
+    flat, flat_target = logits.flatten(0, 1), target.reshape(-1)
+    expected = F.cross_entropy(flat, flat_target, ignore_index=PAD, reduction="sum", label_smoothing=0.1)
+    expected.backward()
+    expected_nll = F.cross_entropy(flat.detach(), flat_target, ignore_index=PAD, reduction="sum")
+    assert torch.equal(out.loss, expected.float()) and torch.equal(out.nll, expected_nll.float())
+    assert torch.equal(ours_grad, logits.grad)
