@@ -16,11 +16,15 @@ Three decoders translate the same source sentences with beam 4 (§6.1) on the sa
 Speed is target tokens (hypothesis + EOS) per second, the median of ``--rounds`` interleaved
 rounds. The floating-point work of (a) and (b) is then counted once (``FlopCounterMode``, plain
 layers): its ratio is what the cache saves, and so the most ``ratio=`` can reach on these
-sentences if both ran their matrix products equally fast (the naive one's are larger, so faster). The model is ``--model`` and ``--tokenizer`` when both exist; otherwise the ``small``
+sentences if both ran their matrix products equally fast (the naive one's are larger, so faster).
+
+The model is ``--model`` and ``--tokenizer`` when both exist; otherwise the ``small``
 preset trained for ``--train-seconds`` on Multi30k En-De (tokenizer trained first); otherwise a
 randomly initialised ``small`` model whose EOS embedding is zeroed so that every output runs to
 the length limit (a fixed length for the fixed-length synthetic sources), which is said in the
-output. The last two lines are ``ours_vs_ctranslate2=<x>`` and ``ratio=<ours / naive>``.
+output. The sources are the first ``--sentences`` lines of ``--data`` (default: the pipeline's
+``data/corpus/test_2016_flickr.en``, else the Multi30k mirror's), else synthetic ids: the
+output says which. The last two lines are ``ours_vs_ctranslate2=<x>`` and ``ratio=<ours / naive>``.
 
     python bench/decode_speed.py [--sentences 200] [--train-seconds 60] [--threads 1] [--rounds 3]
 """
@@ -126,14 +130,17 @@ def load(args: argparse.Namespace, workdir: Path) -> tuple[Transformer, Tokenize
     return model, None, "model: RANDOM small preset, EOS disabled: every output has the maximum length"
 
 
-def sources(args: argparse.Namespace, tokenizer: Tokenizer | None) -> list[list[int]]:
-    """The first ``--sentences`` sentences of ``--data`` as ids, or synthetic 14-piece ids."""
+def sources(args: argparse.Namespace, tokenizer: Tokenizer | None) -> tuple[list[list[int]], str]:
+    """The first ``--sentences`` sentences of ``--data`` as ids, or synthetic 14-piece ids, and
+    a line saying which."""
     if tokenizer is not None and args.data.is_file():
-        with gzip.open(args.data, "rt", encoding="utf-8") as f:
+        with (gzip.open if args.data.suffix == ".gz" else open)(args.data, "rt", encoding="utf-8") as f:
             lines = [line.rstrip("\n") for line, _ in zip(f, range(args.sentences))]
-        return tokenizer.encode(lines)
+        return tokenizer.encode(lines), f"sources: {args.data}"
     g = torch.Generator().manual_seed(0)
-    return torch.randint(4, 8000, (args.sentences, 14), generator=g).tolist()
+    why = "no tokenizer" if tokenizer is None else f"no {args.data}: set DATA_MIRROR"
+    return (torch.randint(4, 8000, (args.sentences, 14), generator=g).tolist(),
+            f"sources: SYNTHETIC random ids ({why}); outputs and ratios are not those of real sentences")
 
 
 Decoder = Callable[[Sequence[Sequence[int]]], list[list[int]]]
@@ -196,7 +203,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=Path("models/model.pt"))
     parser.add_argument("--tokenizer", type=Path, default=Path("data/tokenizer/spm.model"))
-    parser.add_argument("--data", type=Path, default=MULTI30K / "test_2016_flickr.en.gz")
+    parser.add_argument("--data", type=Path, default=None,
+                        help="source sentences, plain or .gz (default: the pipeline's data/corpus/"
+                             "test_2016_flickr.en, else the Multi30k mirror's)")
     parser.add_argument("--sentences", type=int, default=200)
     parser.add_argument("--train-seconds", type=float, default=60.0)
     parser.add_argument("--beam", type=int, default=4)
@@ -208,13 +217,17 @@ def main() -> None:
                         help="torch and CTranslate2 intra-op threads (default 1: on a small shared machine "
                              "a second thread is often contended and makes timings erratic)")
     args = parser.parse_args()
+    if args.data is None:
+        corpus = Path("data/corpus/test_2016_flickr.en")
+        args.data = corpus if corpus.is_file() else MULTI30K / "test_2016_flickr.en.gz"
     torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory(prefix="decode_speed.") as tmp:
         workdir = Path(tmp)
         model, tokenizer, what = load(args, workdir)
-        ids = sources(args, tokenizer)
+        ids, which = sources(args, tokenizer)
         print(what)
+        print(which)
         print(f"{len(ids)} sentences, beam {args.beam}, {torch.get_num_threads()} threads, "
               f"{sum(map(len, ids)) / len(ids):.1f} source pieces each")
         options = dict(beam_size=args.beam, alpha=args.alpha, max_len_b=args.max_len_b,
