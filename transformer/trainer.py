@@ -222,6 +222,7 @@ class Trainer:
             "train_config": asdict(self.config),
             "step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
             "elapsed_seconds": self.elapsed_seconds,
+            "last_valid": self.last_valid, "last_valid_step": self.last_valid_step,
             "rng_cpu": torch.get_rng_state(),
             "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
             "callbacks": extra,
@@ -235,6 +236,9 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
         self.elapsed_seconds = state["elapsed_seconds"]
+        # Absent from checkpoints written before they were saved: the step is then validated again.
+        self.last_valid = dict(state.get("last_valid", {}))
+        self.last_valid_step = state.get("last_valid_step", -1)
         # load_checkpoint maps every tensor to the training device; RNG states must be CPU tensors.
         torch.set_rng_state(state["rng_cpu"].cpu())
         if torch.cuda.is_available() and state["rng_cuda"]:
@@ -348,8 +352,8 @@ class Trainer:
             updates = self._updates()
             while not self._done(started):
                 group = next(updates)
-                if group is None:
-                    if c.validate_every == 0:
+                if group is None:  # end of an epoch; already validated when resuming at its checkpoint
+                    if c.validate_every == 0 and self.last_valid_step != self.step:
                         self._validate()
                     continue
                 loss_sum, nll_sum, n_tokens, grad_norm, finite = self._update(group)

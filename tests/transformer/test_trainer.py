@@ -269,6 +269,26 @@ def test_max_epochs_and_validation(store, tmp_path):
     assert metrics["valid/ppl"] == pytest.approx(math.exp(nll / tokens), rel=1e-4)
 
 
+def test_resume_at_an_epoch_end_does_not_validate_that_step_again(store, tmp_path):
+    """Raising max_epochs after a finished run resumes from its last checkpoint, made after the
+    epoch's validation: the next validation is the next epoch's, and the returned metrics of a
+    run resumed with nothing left to do are the checkpoint's."""
+    valid = write_token_store(tmp_path / "valid", random_pairs(10, seed=5), vocab_size=30)
+    first = Trainer(tiny_model(vocab_size=30), config(max_steps=0, max_epochs=1), store, valid_data=valid,
+                    checkpoint_dir=tmp_path / "c")
+    first_metrics = first.train()
+    recorder = Recorder()
+    again = Trainer(tiny_model(vocab_size=30), config(max_steps=0, max_epochs=1), store, valid_data=valid,
+                    checkpoint_dir=tmp_path / "c", callbacks=[recorder])
+    again.resume()
+    assert again.train() == first_metrics and recorder.validations == []
+    longer = Trainer(tiny_model(vocab_size=30), config(max_steps=0, max_epochs=2), store, valid_data=valid,
+                     checkpoint_dir=tmp_path / "c", callbacks=[recorder])
+    longer.resume()
+    longer.train()
+    assert [s for s, _ in recorder.validations] == [longer.step] and longer.step > first.step
+
+
 def test_non_finite_loss(store):
     model = tiny_model(vocab_size=30)
     with torch.no_grad():
