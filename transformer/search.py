@@ -134,7 +134,8 @@ def beam_search(model: Transformer, src: Tensor, *, beam_size: int = 4, alpha: f
     The work per step is the decoder on one new position per live hypothesis: the first
     step expands one hypothesis per sentence (the K beams would be identical), the K
     hypotheses of a sentence share its encoder output and cross-attention keys and values,
-    and only each hypothesis's 2K best tokens enter the sentence's ranking.
+    a sentence's 2K best continuations are found without a top-k over all of its K x V scores
+    (``best_continuations``), and the caches are reordered by the next step's append.
     """
     k = beam_size
     vocab = model.config.vocab_size
