@@ -29,6 +29,29 @@ def test_every_split_encoded(workspace):
     assert 0 < len(tgt) and tgt.max() < 400
 
 
+def test_a_rerun_writes_the_same_bytes(workspace, tmp_path, monkeypatch):
+    """data/tokens and data/tokenizer feed the train stage: a rerun on the same corpus and params
+    (a new tokenizer.py, say) must leave their DVC hashes alone, or dvc repro retrains for nothing."""
+    import shutil
+
+    from pipeline.stages import tokenizer as stage
+
+    copy = tmp_path / "repo"
+    shutil.copytree(workspace.path / "data" / "corpus", copy / "data" / "corpus")
+    shutil.copy(workspace.path / "params.yaml", copy / "params.yaml")
+    monkeypatch.chdir(copy)
+    monkeypatch.setattr("sys.argv", ["pipeline.stages.tokenizer"])
+
+    def snapshot():
+        return {p.relative_to(copy): p.read_bytes() for d in ("data/tokens", "data/tokenizer")
+                for p in sorted((copy / d).rglob("*")) if p.is_file()}
+
+    stage.main()
+    first = snapshot()
+    stage.main()
+    assert len(first) == 17 and snapshot() == first  # 3 splits x 5 files, stats.json, spm.model
+
+
 def reuse_setup(workspace, tmp_path, monkeypatch, vocab_size):
     """A copy of the workspace's corpus and params, with tokenizer.model_from naming another
     SentencePiece model (300 pieces, trained on the first 200 training pairs only)."""
