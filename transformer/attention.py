@@ -7,6 +7,7 @@ Masks are boolean and True where attention is allowed (PyTorch's convention).
 from __future__ import annotations
 
 import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn

@@ -6,6 +6,7 @@ decoder on one new position per hypothesis. Shape key: B sentences, K beam size,
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -46,6 +47,7 @@ def _strip(ids: list[int], eos_id: int, pad_id: int) -> list[int]:
     return out
 
 
+@functools.lru_cache(maxsize=None)  # asked at every decoding step, for one or two vocabularies
 def _block_size(vocab: int, target: int = 64) -> int | None:
     """The divisor of ``vocab`` in [16, 256] closest to ``target``, or None (see ``best_continuations``)."""
     divisors = [b for b in range(16, 257) if vocab % b == 0 and vocab // b > 1]
