@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -20,11 +22,17 @@ def test_decode_bench_runs_and_says_what_it_measured(tmp_path):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().splitlines()
     assert lines[0].startswith("model: RANDOM") and lines[1].startswith("sources: SYNTHETIC")
-    # The naive decoder runs the same search: the same outputs. EOS is disabled, so every
-    # output has 14 + 6 pieces, and re-running the prefix costs several times the cached work.
-    assert re.search(r"naive \(no cache\).*same outputs as ours: 100\.0%", result.stdout)
+    # Both naive decoders run the same search, plain or packed: the same outputs. EOS is
+    # disabled, so every output has 14 + 6 pieces, and re-running the prefix costs several
+    # times the cached work.
+    assert re.search(r"naive \(no cache\).*same outputs as ours: 100\.0%.*reference of ratio=", result.stdout)
+    assert re.search(r"naive, packed weights.*same outputs as ours: 100\.0%", result.stdout)
     assert "mean output 20.0 pieces" in result.stdout
     saved = float(re.search(r"the cache saves ([\d.]+)x", result.stdout).group(1))
     assert 3.0 < saved < 20.0
+    # ratio= is the product of the two printed factors (cache, packing), up to their rounding.
+    cache, packing = map(float, re.search(r"ours / naive packed ([\d.]+) .* naive packed / naive ([\d.]+)",
+                                          result.stdout).groups())
+    assert float(lines[-1].split("=")[1]) == pytest.approx(cache * packing, rel=0.01)
     assert lines[-2].startswith("ours_vs_ctranslate2=") and float(lines[-2].split("=")[1]) > 0
     assert lines[-1].startswith("ratio=") and float(lines[-1].split("=")[1]) > 0
