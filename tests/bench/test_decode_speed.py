@@ -1,25 +1,18 @@
 """bench/decode_speed.py runs end to end (random model, synthetic sources: no data needed), says
 so, and prints its work count and ratios, ``ratio=`` last. Speeds are printed, never asserted."""
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench import run_bench
 
 
 def test_decode_bench_runs_and_says_what_it_measured(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DATA_MIRROR": str(tmp_path / "no-mirror")}
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "bench/decode_speed.py"), "--model", str(tmp_path / "none.pt"),
-         "--train-seconds", "0", "--sentences", "6", "--batch-sentences", "3", "--max-len-b", "6",
-         "--rounds", "1"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
+    result = run_bench("decode_speed.py", ["--model", str(tmp_path / "none.pt"), "--train-seconds", "0",
+                                           "--sentences", "6", "--batch-sentences", "3", "--max-len-b", "6",
+                                           "--rounds", "1"],
+                       tmp_path, DATA_MIRROR=str(tmp_path / "no-mirror"))
     lines = result.stdout.strip().splitlines()
     assert lines[0].startswith("model: RANDOM") and lines[1].startswith("sources: SYNTHETIC")
     # Both naive decoders run the same search, plain or packed: the same outputs. EOS is

@@ -1,24 +1,16 @@
 """bench/train_throughput.py runs end to end on one short round and prints what it measured,
 ``ratio=`` last. Speeds are printed, never asserted."""
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench import run_bench
 
 
 def test_train_bench_runs_and_prints_both_speeds_and_their_ratio(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "bench/train_throughput.py"), "--steps", "2", "--rounds", "2", "--warmup", "0",
-         "--max-tokens", "512"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
+    result = run_bench("train_throughput.py", ["--steps", "2", "--rounds", "2", "--warmup", "0", "--max-tokens", "512"],
+                       tmp_path)
     lines = result.stdout.strip().splitlines()
     rounds = [re.fullmatch(r"round (\d): reference ([\d,]+), ours ([\d,]+) target tokens/s", line) for line in lines[:2]]
     assert [int(m.group(1)) for m in rounds] == [1, 2]
