@@ -16,6 +16,7 @@ from typing import Any, Callable, TypeVar
 
 import yaml
 
+from pipeline.data import DataError, check_data_params
 from transformer.config import PRESETS, ConfigError, ModelConfig, build_config
 from transformer.trainer import TrainConfig
 
@@ -51,8 +52,7 @@ class DataParams:
             raise ValueError("data.test_sets must name at least one test set")
         if self.src_lang == self.tgt_lang:
             raise ValueError(f"data.src_lang and data.tgt_lang are both {self.src_lang!r}")
-        from pipeline.datasets import check_data_params  # the registry knows what exists
-        check_data_params(self)
+        check_data_params(self.dataset, self.src_lang, self.tgt_lang, self.valid_set, self.test_sets)
 
     @property
     def pair(self) -> str:
@@ -331,7 +331,6 @@ def _check_init_files(train: TrainConfig, tokenizer: TokenizerParams, root: Path
 def run_stage(main: Callable[[], None]) -> None:
     """Run a stage's ``main``; a user error (bad params, bad data, unusable checkpoint) prints
     one line and exits 2, without a traceback."""
-    from pipeline.datasets import DataError
     from transformer.checkpoint import CheckpointError
     from transformer.trainer import NonFiniteLossError, OutOfMemoryError
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from pipeline import datasets
+from pipeline.data import multi30k
+from pipeline.data.spec import DatasetSpec, RemoteFile
 
 RAW = "data/task1/raw"
 
@@ -41,11 +42,11 @@ def fake_multi30k(root: Path, sizes: dict[str, int] | None = None, langs=("en", 
     return root
 
 
-def published_spec(root: Path, skip: tuple[str, ...] = ()) -> datasets.DatasetSpec:
+def published_spec(root: Path, skip: tuple[str, ...] = ()) -> DatasetSpec:
     """Multi30k with the sha256 of every file under ``root`` (except ``skip``) as its published hashes."""
     hashes = {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
               for p in sorted((root / RAW).glob("*.gz")) if p.name not in skip}
-    return datasets.multi30k_spec(sha256=hashes)
+    return multi30k.multi30k_spec(sha256=hashes)
 
 
 def corrupt(path: Path, how: str) -> None:
@@ -99,9 +100,9 @@ def device(name: str) -> tarfile.TarInfo:
     return info
 
 
-def statmt_members(spec: datasets.DatasetSpec, n: int = 3) -> dict[datasets.RemoteFile, dict[str, bytes]]:
+def statmt_members(spec: DatasetSpec, n: int = 3) -> dict[RemoteFile, dict[str, bytes]]:
     """The members of each statmt.org archive of ``spec``, each side ``n`` sentences."""
-    contents: dict[datasets.RemoteFile, dict[str, bytes]] = {}
+    contents: dict[RemoteFile, dict[str, bytes]] = {}
     for corpora in spec.splits.values():
         for corpus in corpora:
             for lang, side in corpus.sides.items():
@@ -119,7 +120,7 @@ def statmt_members(spec: datasets.DatasetSpec, n: int = 3) -> dict[datasets.Remo
     return contents
 
 
-def fake_statmt(root: Path, spec: datasets.DatasetSpec,
+def fake_statmt(root: Path, spec: DatasetSpec,
                 replace: dict[str, list[tarfile.TarInfo | tuple[str, bytes]]] | None = None) -> Path:
     """Archives laid out like statmt.org's for ``spec``; ``replace`` maps an archive's path to other entries."""
     for file, members in statmt_members(spec).items():
@@ -227,28 +228,36 @@ class RangeHandler(QuietHandler):
     def do_GET(self):  # noqa: N802 - http.server's name
         rel, wanted = self.path.lstrip("/"), self.headers.get("Range")
         self.log.append((self.path, wanted))
-        body = Path(self.directory, rel).read_bytes()
+        path = Path(self.directory, rel)
+        if not path.is_file():
+            self.send_error(404)
+            return
+        size = path.stat().st_size
         start = int(wanted.removeprefix("bytes=").rstrip("-")) if wanted and self.honour_ranges else 0
-        if start >= len(body) > 0:
+        if start >= size > 0:
             self.send_response(416)
-            self.send_header("Content-Range", f"bytes */{len(body)}")
+            self.send_header("Content-Range", f"bytes */{size}")
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
-        part = body[start:]
+        length = size - start
         self.send_response(206 if start else 200)
         self.send_header("Content-Type", "application/octet-stream")
-        self.send_header("Content-Length", str(len(part)))
+        self.send_header("Content-Length", str(length))
         if start:
-            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+            self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
         self.end_headers()
-        if rel in self.cut:
-            self.cut.discard(rel)
-            self.wfile.write(part[: len(part) // 2])
+        cut = rel in self.cut
+        self.cut.discard(rel)
+        left = length // 2 if cut else length
+        with open(path, "rb") as f:   # streamed: the data-scale bench serves archives of gigabytes
+            f.seek(start)
+            while left > 0 and (chunk := f.read(min(1 << 20, left))):
+                self.wfile.write(chunk)
+                left -= len(chunk)
+        if cut:
             self.wfile.flush()
             self.close_connection = True
-            return
-        self.wfile.write(part)
 
 
 @contextmanager

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
-import tempfile
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,36 +10,13 @@ from typing import Any
 
 import torch
 
+from .atomic import atomic_write, file_sha256
 from .config import ModelConfig
 from .model import Transformer
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint cannot be used; the message says why."""
-
-
-def atomic_write(path: str | os.PathLike, write: Any) -> None:
-    """Call ``write(file)`` on a temporary file beside ``path``, fsync it, then rename it over ``path``.
-
-    A crash at any moment leaves either the old file or the new one, never half of one.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def save_checkpoint(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None:
@@ -139,15 +114,6 @@ def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict[str, Any]:
     averaged = {name: (t / len(paths)).to(dtypes[name]) for name, t in total.items()}
     return {"model_config": config, "model": averaged, "averaged_from": [str(p) for p in paths],
             "callbacks": ckpt.get("callbacks", {})}
-
-
-def file_sha256(path: str | os.PathLike, chunk_bytes: int = 1 << 20) -> str:
-    """Hex sha256 of a file's bytes, read in chunks (a big model's file is ~1 GB)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(chunk_bytes):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def config_differences(checkpoint_config: dict[str, Any], config: ModelConfig) -> dict[str, tuple[Any, Any]]:

@@ -8,6 +8,8 @@ of at most ``max_tokens`` padded tokens, shuffled reproducibly from a seed and a
 
 from __future__ import annotations
 
+import array
+import itertools
 import json
 import os
 import shutil
@@ -20,47 +22,77 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .atomic import fsync_files, replace_dir, umask_mode
 from .tokens import BOS_ID, EOS_ID, PAD_ID
 
 SIDES = ("src", "tgt")
 
 
 class TokenStoreWriter:
-    """Append (source ids, target ids) pairs, then ``close()`` to publish the store atomically."""
+    """Append (source ids, target ids) pairs, then ``close()`` to publish the store atomically.
+
+    Memory stays bounded whatever the corpus size: ids go straight to disk, lengths into compact
+    arrays (8 bytes a pair and side), and ``close()`` copies the ids into their ``.npy`` files in
+    chunks through a memory map.
+    """
+
+    COPY_CHUNK = 1 << 24   # ids copied per step when publishing
 
     def __init__(self, path: str | os.PathLike, vocab_size: int) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.", dir=self.path.parent))
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent))
+        os.chmod(self.tmp, umask_mode(directory=True))
         self.dtype = np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
         self.vocab_size = vocab_size
         self.files = {side: open(self.tmp / f"{side}.bin", "wb") for side in SIDES}
-        self.lengths: dict[str, list[int]] = {side: [] for side in SIDES}
+        self.lengths: dict[str, array.array] = {side: array.array("q") for side in SIDES}
 
     def add(self, src: Sequence[int], tgt: Sequence[int]) -> None:
         for side, ids in zip(SIDES, (src, tgt)):
             self.files[side].write(np.asarray(ids, dtype=self.dtype).tobytes())
             self.lengths[side].append(len(ids))
 
+    def add_many(self, src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]]) -> None:
+        """Append a chunk of pairs at once (one write per side)."""
+        if len(src) != len(tgt):
+            raise ValueError(f"add_many: {len(src)} source and {len(tgt)} target sequences")
+        for side, seqs in zip(SIDES, (src, tgt)):
+            lengths = [len(ids) for ids in seqs]
+            flat = np.fromiter(itertools.chain.from_iterable(seqs), dtype=self.dtype, count=sum(lengths))
+            self.files[side].write(flat.tobytes())
+            self.lengths[side].extend(lengths)
+
     def close(self) -> "TokenStore":
         for side in SIDES:
             self.files[side].close()
-            lengths = np.asarray(self.lengths[side], dtype=np.int64)
+            lengths = np.frombuffer(self.lengths[side], dtype=np.int64) if len(self.lengths[side]) else \
+                np.zeros(0, dtype=np.int64)
             offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
             np.cumsum(lengths, out=offsets[1:])
-            tokens = np.fromfile(self.tmp / f"{side}.bin", dtype=self.dtype)
-            np.save(self.tmp / f"{side}.tokens.npy", tokens)
+            raw = np.memmap(self.tmp / f"{side}.bin", dtype=self.dtype, mode="r") if offsets[-1] else \
+                np.zeros(0, dtype=self.dtype)
+            tokens = np.lib.format.open_memmap(self.tmp / f"{side}.tokens.npy", mode="w+", dtype=self.dtype,
+                                               shape=(int(offsets[-1]),))
+            for start in range(0, len(raw), self.COPY_CHUNK):
+                tokens[start:start + self.COPY_CHUNK] = raw[start:start + self.COPY_CHUNK]
+            tokens.flush()
+            del tokens, raw
             np.save(self.tmp / f"{side}.offsets.npy", offsets)
             (self.tmp / f"{side}.bin").unlink()
         meta = {"size": len(self.lengths["src"]), "vocab_size": self.vocab_size, "dtype": np.dtype(self.dtype).name}
         (self.tmp / "meta.json").write_text(json.dumps(meta))
         for f in self.tmp.iterdir():
-            with open(f, "rb") as handle:
-                os.fsync(handle.fileno())
-        if self.path.exists():
-            shutil.rmtree(self.path)
-        os.replace(self.tmp, self.path)
+            os.chmod(f, umask_mode())
+        fsync_files(self.tmp)
+        replace_dir(self.tmp, self.path)
         return TokenStore(self.path)
+
+    def abort(self) -> None:
+        """Close and delete the unpublished store."""
+        for f in self.files.values():
+            f.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def write_token_store(path: str | os.PathLike, pairs: Iterable[tuple[Sequence[int], Sequence[int]]],
@@ -69,12 +101,10 @@ def write_token_store(path: str | os.PathLike, pairs: Iterable[tuple[Sequence[in
     try:
         for src, tgt in pairs:
             writer.add(src, tgt)
+        return writer.close()
     except BaseException:
-        for f in writer.files.values():
-            f.close()
-        shutil.rmtree(writer.tmp, ignore_errors=True)
+        writer.abort()
         raise
-    return writer.close()
 
 
 class TokenStore:

@@ -7,14 +7,15 @@ vocabulary; SentencePiece BPE trained on both sides gives exactly that.
 from __future__ import annotations
 
 import io
+import itertools
 import os
-import shutil
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import sentencepiece as spm
 
+from .atomic import write_bytes
+from .data import TokenStore, TokenStoreWriter
 from .tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 
@@ -35,8 +36,9 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.sp.get_piece_size()
 
-    def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        return self.sp.encode(list(texts), out_type=int)
+    def encode(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
+        """Ids of each text; ``num_threads`` -1 lets SentencePiece use every core."""
+        return self.sp.encode(list(texts), out_type=int, num_threads=num_threads)
 
     def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
         return self.sp.decode([list(i) for i in ids])
@@ -53,32 +55,21 @@ def train_tokenizer(texts: Iterable[str], model_file: str | os.PathLike, vocab_s
     ``input_sentence_size`` sentences are sampled from large corpora (shuffled with ``seed``).
     Raises ``ValueError`` when the corpus cannot support ``vocab_size`` pieces.
     """
-    model_file = Path(model_file)
-    model_file.parent.mkdir(parents=True, exist_ok=True)
     spm.set_random_generator_seed(seed)
-    tmp = Path(tempfile.mkdtemp(prefix=".spm.", dir=model_file.parent))
+    model = io.BytesIO()
     try:
-        model = io.BytesIO()
-        try:
-            spm.SentencePieceTrainer.train(
-                sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size,
-                model_type=model_type, character_coverage=character_coverage,
-                input_sentence_size=input_sentence_size, shuffle_input_sentence=True,
-                pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
-                num_threads=num_threads, minloglevel=2, hard_vocab_limit=True,
-            )
-        except RuntimeError as err:
-            if "Vocabulary size too high" in str(err) or "vocab_size" in str(err):
-                raise ValueError(f"tokenizer.vocab_size {vocab_size} is larger than this corpus supports: {err}") from None
-            raise
-        staged = tmp / model_file.name
-        with open(staged, "wb") as f:
-            f.write(model.getvalue())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(staged, model_file)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size,
+            model_type=model_type, character_coverage=character_coverage,
+            input_sentence_size=input_sentence_size, shuffle_input_sentence=True,
+            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+            num_threads=num_threads, minloglevel=2, hard_vocab_limit=True,
+        )
+    except RuntimeError as err:
+        if "Vocabulary size too high" in str(err) or "vocab_size" in str(err):
+            raise ValueError(f"tokenizer.vocab_size {vocab_size} is larger than this corpus supports: {err}") from None
+        raise
+    write_bytes(model_file, model.getvalue())
     return Tokenizer(model_file)
 
 
@@ -90,3 +81,25 @@ def open_tokenizer(model_file: str | os.PathLike) -> Tokenizer:
     except (OSError, RuntimeError, ValueError) as err:
         first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
         raise ValueError(f"{model_file} is not a usable SentencePiece model: {first}") from None
+
+
+def encode_to_store(tokenizer: Tokenizer, src: Iterable[str], tgt: Iterable[str], path: str | os.PathLike,
+                    chunk_pairs: int = 20_000, num_threads: int = -1) -> TokenStore:
+    """Encode aligned source and target lines into a ``TokenStore`` at ``path``, ``chunk_pairs`` at
+    a time with SentencePiece's multithreaded encoder: memory holds one chunk, never a corpus.
+    Raises ``ValueError`` if one side has more lines than the other (nothing is published)."""
+    writer = TokenStoreWriter(path, tokenizer.vocab_size)
+    try:
+        src_it, tgt_it = iter(src), iter(tgt)
+        while True:
+            a = list(itertools.islice(src_it, chunk_pairs))
+            b = list(itertools.islice(tgt_it, len(a) if a else 1))
+            if len(a) != len(b):
+                raise ValueError(f"the source side has {'more' if len(a) > len(b) else 'fewer'} lines than the target side")
+            if not a:
+                break
+            writer.add_many(tokenizer.encode(a, num_threads), tokenizer.encode(b, num_threads))
+        return writer.close()
+    except BaseException:
+        writer.abort()
+        raise

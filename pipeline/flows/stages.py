@@ -26,7 +26,7 @@ from prefect.cache_policies import NO_CACHE
 
 STAGES = ("download", "tokenizer", "train", "average", "evaluate")   # the order of dvc.yaml's DAG
 USER_ERROR = 2                       # run_stage's exit status for bad params, data or checkpoints
-NETWORK_ERROR = "could not download"  # pipeline.datasets.fetch_file, after its own retries
+NETWORK_ERROR = "could not download"  # pipeline.data.fetch.fetch_file, after its own retries
 _EXITED = re.compile(r"exited with (-?\d+)")
 _OVERRIDE = re.compile(r"^[A-Za-z_][\w.\-\[\]]*=.*$")
 
@@ -163,7 +163,7 @@ def experiment(overrides: list[str], workdir: str) -> None:
 def version_incoming(workdir: str, incoming_dir: str, src_lang: str, tgt_lang: str) -> list[str]:
     """Version the incoming pairs with ``dvc add`` (one ``.dvc`` file beside each file); returns
     their paths. A half pair (or a ``.dvc`` file whose data is missing) fails here, before training."""
-    from pipeline.datasets import incoming_pairs
+    from pipeline.data import incoming_pairs
 
     root = Path(workdir)
     directory = Path(incoming_dir) if Path(incoming_dir).is_absolute() else root / incoming_dir

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Any
 
@@ -13,10 +14,16 @@ from transformer.trainer import list_checkpoints
 
 
 def average(last_n: int) -> dict[str, Any]:
-    """The averaged model checkpoint of the newest ``last_n`` checkpoints."""
+    """The averaged model checkpoint of the newest ``last_n`` checkpoints; a warning on stderr when
+    there are fewer (a short run: ``train.max_steps`` below ``train.checkpoint_every_steps`` x
+    ``last_n``, or ``train.keep_checkpoints`` below ``last_n``)."""
     checkpoints = list_checkpoints(paths.CHECKPOINT_DIR)
     if not checkpoints:
         raise ParamsError(f"no checkpoints in {paths.CHECKPOINT_DIR}: run the train stage first")
+    if len(checkpoints) < last_n:
+        print(f"warning: average.last_n is {last_n} but {paths.CHECKPOINT_DIR} holds {len(checkpoints)} "
+              f"checkpoint(s): averaging {len(checkpoints)} (the run wrote fewer; see train.max_steps, "
+              "train.checkpoint_every_steps and train.keep_checkpoints)", file=sys.stderr)
     return average_checkpoints(checkpoints[-last_n:])
 
 

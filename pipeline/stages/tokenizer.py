@@ -9,16 +9,18 @@ they were trained with, and a tokenizer retrained on changed data would number t
 from __future__ import annotations
 
 import argparse
+import codecs
+import itertools
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from pipeline import paths
-from pipeline.datasets import DataError
-from pipeline.io import read_lines, write_json
+from pipeline.data import DataError
+from pipeline.io import write_json
 from pipeline.params import DataParams, ParamsError, TokenizerParams, load_params, run_stage
-from transformer.checkpoint import atomic_write
-from transformer.data import write_token_store
-from transformer.tokenizer import Tokenizer, open_tokenizer, train_tokenizer
+from transformer.atomic import write_bytes
+from transformer.tokenizer import Tokenizer, encode_to_store, open_tokenizer, train_tokenizer
 
 
 def reuse_tokenizer(source: Path, target: Path, vocab_size: int) -> Tokenizer:
@@ -32,39 +34,68 @@ def reuse_tokenizer(source: Path, target: Path, vocab_size: int) -> Tokenizer:
         raise ParamsError(f"params.yaml: tokenizer.model_from {source} has {tokenizer.vocab_size} pieces but "
                           f"tokenizer.vocab_size is {vocab_size}: a reused tokenizer keeps its vocabulary, "
                           f"set tokenizer.vocab_size to {tokenizer.vocab_size}")
-    model = source.read_bytes()
-    atomic_write(target, lambda f: f.write(model))
+    write_bytes(target, source.read_bytes())
     return Tokenizer(target)
+
+
+def corpus_lines(path: Path) -> Iterator[str]:
+    """The lines of a corpus file, streamed (the download stage writes UTF-8, one sentence a line,
+    ``\n`` only; ``check_corpus`` has verified both)."""
+    with open(path, encoding="utf-8", newline="\n") as f:
+        for line in f:
+            yield line[:-1] if line.endswith("\n") else line
+
+
+def count_lines(path: Path, chunk_bytes: int = 1 << 22) -> int:
+    """Lines of a strict UTF-8 file, read in chunks (``DataError`` naming the first bad line)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    lines = offset = 0
+    last = b""
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_bytes):
+            pending = len(decoder.getstate()[0])   # bytes of a character cut by the previous chunk
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError as err:
+                start = offset - pending + err.start
+                with open(path, "rb") as g:
+                    line = g.read(start).count(b"\n") + 1
+                raise DataError(f"{path}: line {line} is not valid UTF-8 ({err.reason} at byte {start})") from None
+            lines += chunk.count(b"\n")
+            offset += len(chunk)
+            last = chunk[-1:]
+        try:
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError as err:
+            raise DataError(f"{path}: line {lines + 1} is not valid UTF-8 ({err.reason} at the end of the file)") from None
+    return lines + (1 if last not in (b"", b"\n") else 0)
 
 
 def check_corpus(data: DataParams) -> None:
     """Every split's two files exist, are UTF-8 and have as many lines as each other; checked
-    before anything is written (``DataError`` naming the file). Encoding zips the two sides, so
-    a side with fewer lines would silently drop pairs."""
+    before anything is written (``DataError`` naming the file). Streams: memory does not grow
+    with the corpus."""
     for split in dict.fromkeys(["train", data.valid_set, *data.test_sets]):
         counts = {}
         for lang in (data.src_lang, data.tgt_lang):
             path = paths.corpus_file(split, lang)
             if not path.is_file():
                 raise DataError(f"{path} does not exist: run the download stage first (dvc repro)")
-            raw = path.read_bytes()
-            try:
-                counts[path] = len(raw.decode("utf-8").splitlines())   # as pipeline.io.read_lines splits
-            except UnicodeDecodeError as err:
-                line = raw[:err.start].count(b"\n") + 1
-                raise DataError(f"{path}: line {line} is not valid UTF-8 ({err.reason} at byte {err.start})") from None
+            counts[path] = count_lines(path)
         (a, na), (b, nb) = counts.items()
         if na != nb:
             raise DataError(f"misaligned corpus: {a} has {na} lines but {b} has {nb}")
 
 
 def build_tokenizer(data: DataParams, params: TokenizerParams) -> Tokenizer:
+    """Train the joint model on both sides of the training split, streamed (SentencePiece samples
+    ``input_sentence_size`` sentences itself), or reuse ``tokenizer.model_from``."""
     if params.model_from:
         return reuse_tokenizer(Path(params.model_from), paths.TOKENIZER_MODEL, params.vocab_size)
-    src = read_lines(paths.corpus_file("train", data.src_lang))
-    tgt = read_lines(paths.corpus_file("train", data.tgt_lang))
+    texts = itertools.chain(corpus_lines(paths.corpus_file("train", data.src_lang)),
+                            corpus_lines(paths.corpus_file("train", data.tgt_lang)))
     try:
-        return train_tokenizer(src + tgt, paths.TOKENIZER_MODEL, params.vocab_size, model_type=params.model_type,
+        return train_tokenizer(texts, paths.TOKENIZER_MODEL, params.vocab_size, model_type=params.model_type,
                                character_coverage=params.character_coverage,
                                input_sentence_size=params.input_sentence_size, seed=params.seed)
     except ValueError as err:
@@ -72,13 +103,11 @@ def build_tokenizer(data: DataParams, params: TokenizerParams) -> Tokenizer:
 
 
 def encode_splits(data: DataParams, tokenizer: Tokenizer) -> dict[str, dict[str, int]]:
-    """Encode train, valid and test splits into token stores; returns counts per split."""
+    """Encode train, valid and test splits into token stores, streamed in chunks; counts per split."""
     counts = {}
-    for split in ["train", data.valid_set, *data.test_sets]:
-        src = read_lines(paths.corpus_file(split, data.src_lang))
-        tgt = read_lines(paths.corpus_file(split, data.tgt_lang))
-        store = write_token_store(paths.token_store(split), zip(tokenizer.encode(src), tokenizer.encode(tgt)),
-                                  tokenizer.vocab_size)
+    for split in dict.fromkeys(["train", data.valid_set, *data.test_sets]):
+        store = encode_to_store(tokenizer, corpus_lines(paths.corpus_file(split, data.src_lang)),
+                                corpus_lines(paths.corpus_file(split, data.tgt_lang)), paths.token_store(split))
         counts[split] = {"pairs": len(store), "src_tokens": store.num_tokens("src"), "tgt_tokens": store.num_tokens("tgt")}
     return counts
 

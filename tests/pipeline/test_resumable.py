@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import datasets
-from pipeline.datasets import DataError, prepare_corpus
+from pipeline.data import DataError, checksums, prepare_corpus, registry
 from pipeline.params import DataParams
 from pipeline.resumable import partial_path
 
@@ -24,14 +23,14 @@ def served(tmp_path, monkeypatch) -> Path:
     monkeypatch.delenv("DATA_MIRROR", raising=False)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
     monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
-    monkeypatch.setattr(datasets, "CHECKSUMS_FILE", tmp_path / "checksums.json")
+    monkeypatch.setattr(checksums, "CHECKSUMS_FILE", tmp_path / "checksums.json")
     root = fake_multi30k(tmp_path / "served", sizes={"train": 400, "val": 5, "test_2016_flickr": 5})
-    monkeypatch.setitem(datasets.REGISTRY, "multi30k", published_spec(root))
+    monkeypatch.setitem(registry.REGISTRY, "multi30k", published_spec(root))
     return root
 
 
 def cached(cache: Path) -> Path:
-    return cache / datasets.REGISTRY["multi30k"].cache_name / TARGET
+    return cache / registry.REGISTRY["multi30k"].cache_name / TARGET
 
 
 def requests_for(log: list[tuple[str, str | None]]) -> list[str | None]:

@@ -26,8 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline import datasets
-from pipeline.datasets import DataError, prepare_corpus
+from pipeline.data import DataError, checksums, fetch, multi30k, prepare_corpus, registry
 from pipeline.params import DataParams
 from pipeline.resumable import partial_path
 
@@ -36,7 +35,7 @@ from ..fakes import RAW, corrupt, fake_multi30k, http_server, published_spec
 
 MIRROR = REPO.parent / "shared" / "data" / "multi30k"
 NEEDED = [f"{RAW}/{split}.{lang}.gz" for split in ("train", "val", "test_2016_flickr") for lang in ("en", "de")]
-CACHE_NAME = datasets.REGISTRY["multi30k"].cache_name
+CACHE_NAME = registry.REGISTRY["multi30k"].cache_name
 
 
 def files_under(folder: Path) -> list[str]:
@@ -50,8 +49,8 @@ def test_download_stage_rejects_truncated_and_tampered_downloads(tmp_path):
     variants = {"cut-in-transfer": None, "truncated": "truncated", "tampered": "tampered"}
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["data"].update(limit_train_pairs=50, incoming_dir="")
-    checksums_before = datasets.CHECKSUMS_FILE.read_bytes() if datasets.CHECKSUMS_FILE.exists() else None
-    published = datasets.MULTI30K_SHA256[target]
+    checksums_before = checksums.CHECKSUMS_FILE.read_bytes() if checksums.CHECKSUMS_FILE.exists() else None
+    published = multi30k.MULTI30K_SHA256[target]
 
     servers, procs = {}, {}
     try:
@@ -85,7 +84,7 @@ def test_download_stage_rejects_truncated_and_tampered_downloads(tmp_path):
             if variants[name]:
                 assert f"sha256:{published}" in errors[0] or published in errors[0], (name, errors[0])
             # retried with backoff (1 + DOWNLOAD_RETRIES attempts, waits 1 + 2 + 3 s), then refused
-            assert requests.count(f"/{target}") == 1 + datasets.DOWNLOAD_RETRIES, (name, requests)
+            assert requests.count(f"/{target}") == 1 + fetch.DOWNLOAD_RETRIES, (name, requests)
             assert seconds >= 6, (name, seconds)
             if variants[name]:
                 assert files_under(ws / "data") == [], (name, files_under(ws / "data"))
@@ -100,7 +99,7 @@ def test_download_stage_rejects_truncated_and_tampered_downloads(tmp_path):
                 proc.wait()
         for server in servers.values():
             server.__exit__(None, None, None)
-    after = datasets.CHECKSUMS_FILE.read_bytes() if datasets.CHECKSUMS_FILE.exists() else None
+    after = checksums.CHECKSUMS_FILE.read_bytes() if checksums.CHECKSUMS_FILE.exists() else None
     assert after == checksums_before
 
 
@@ -113,14 +112,14 @@ def isolated(tmp_path, monkeypatch):
     monkeypatch.delenv("DATA_MIRROR", raising=False)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
     monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
-    monkeypatch.setattr(datasets, "CHECKSUMS_FILE", tmp_path / "checksums.json")
+    monkeypatch.setattr(checksums, "CHECKSUMS_FILE", tmp_path / "checksums.json")
 
 
 @pytest.mark.parametrize("how", ["truncated", "tampered"])
 @pytest.mark.parametrize("via", ["http", "folder", "file-url"])
 def test_corrupt_file_rejected_before_anything_is_written(how, via, isolated, tmp_path, monkeypatch):
     root = fake_multi30k(tmp_path / "served")
-    monkeypatch.setitem(datasets.REGISTRY, "multi30k", published_spec(root))
+    monkeypatch.setitem(registry.REGISTRY, "multi30k", published_spec(root))
     corrupt(root / RAW / "train.de.gz", how)
     out, cache = tmp_path / "corpus", tmp_path / "cache"
     out.mkdir()
@@ -136,4 +135,4 @@ def test_corrupt_file_rejected_before_anything_is_written(how, via, isolated, tm
     assert sorted(p.name for p in out.iterdir()) == ["previous.txt"]           # output untouched
     assert files_under(cache / CACHE_NAME) == [f"{RAW}/train.en.gz"]             # bad file not cached
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".corpus")]  # no temp dir left
-    assert not datasets.CHECKSUMS_FILE.exists()
+    assert not checksums.CHECKSUMS_FILE.exists()

@@ -31,8 +31,8 @@ import pytest
 import torch
 import yaml
 
-from pipeline import datasets
-from pipeline.datasets import DataError, extract_tar
+from pipeline.data import DataError, checksums, registry
+from pipeline.data.fetch import extract_tar
 from pipeline.params import run_stage
 from transformer.checkpoint import load_checkpoint, model_checkpoint, save_checkpoint
 from transformer.config import build_config
@@ -114,7 +114,7 @@ def multi30k(before: Callable[[Path], None] | None = None, after: Callable[[Path
         ctx.mirror = fake_multi30k(ctx.outside / "mirror")
         if before:
             before(ctx.mirror)
-        ctx.monkeypatch.setitem(datasets.REGISTRY, "multi30k", published_spec(ctx.mirror))
+        ctx.monkeypatch.setitem(registry.REGISTRY, "multi30k", published_spec(ctx.mirror))
         if after:
             after(ctx.mirror)
         ctx.monkeypatch.setenv("DATA_MIRROR", str(ctx.mirror))
@@ -125,7 +125,7 @@ def statmt(replace: dict | None = None, after: Callable[[Path], None] | None = N
     """WMT14 en-de from a statmt.org-shaped folder; ``replace`` swaps an archive's entries."""
     def setup(ctx: Ctx) -> None:
         ctx.params(lambda p: p["data"].update(WMT))
-        ctx.mirror = fake_statmt(ctx.outside / "statmt", datasets.REGISTRY["wmt14_en_de"], replace)
+        ctx.mirror = fake_statmt(ctx.outside / "statmt", registry.REGISTRY["wmt14_en_de"], replace)
         if after:
             after(ctx.mirror)
         ctx.monkeypatch.setenv("DATA_MIRROR", str(ctx.mirror))
@@ -199,8 +199,8 @@ def init_from_other_config(ctx: Ctx) -> None:
 
 
 def wrong_recorded_hash(ctx: Ctx) -> None:
-    url = datasets.REGISTRY["wmt14_en_de"].base_url + EUROPARL
-    datasets.record_checksum(url, "0" * 64)
+    url = registry.REGISTRY["wmt14_en_de"].base_url + EUROPARL
+    checksums.record_checksum(url, "0" * 64)
 
 
 def traversal_archive(ctx: Ctx) -> None:
@@ -405,7 +405,7 @@ def test_malformed_input_is_refused_in_one_line_and_nothing_is_written(case, bas
     for name in ("DATA_MIRROR", "PARAMS_FILE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{ws / 'mlflow.db'}")
-    monkeypatch.setattr(datasets, "CHECKSUMS_FILE", outside / "checksums.json")
+    monkeypatch.setattr(checksums, "CHECKSUMS_FILE", outside / "checksums.json")
     monkeypatch.chdir(ws)
     ctx = Ctx(ws, outside, monkeypatch)
     case.setup(ctx)

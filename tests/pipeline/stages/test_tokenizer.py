@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import sentencepiece as spm
 
 from transformer.data import TokenStore
@@ -109,3 +110,21 @@ def test_model_from_with_another_vocab_size_is_one_clear_error(workspace, tmp_pa
         f"error: params.yaml: tokenizer.model_from {champion} has 300 pieces but tokenizer.vocab_size is 400: "
         "a reused tokenizer keeps its vocabulary, set tokenizer.vocab_size to 300"]
     assert not (copy / "data/tokenizer").exists() and not (copy / "data/tokens").exists()
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 2, 3, 7, 1 << 20])
+def test_count_lines_streams_and_names_the_bad_line(tmp_path, chunk_bytes):
+    from pipeline.data import DataError
+    from pipeline.stages.tokenizer import count_lines
+
+    good = tmp_path / "good.de"
+    good.write_bytes("Grüße\nStraße\n日本\nno newline at the end".encode("utf-8"))
+    assert count_lines(good, chunk_bytes) == 4
+    bad = tmp_path / "bad.de"
+    bad.write_bytes("Grüße\nStraße\n".encode("utf-8") + b"ab\xc3(\n" + "日本\n".encode("utf-8"))
+    with pytest.raises(DataError, match=r"bad.de: line 3 is not valid UTF-8 \(invalid continuation byte at byte 18\)"):
+        count_lines(bad, chunk_bytes)
+    cut = tmp_path / "cut.de"
+    cut.write_bytes("Grüße\n".encode("utf-8") + "日".encode("utf-8")[:2])
+    with pytest.raises(DataError, match="cut.de: line 2 is not valid UTF-8"):
+        count_lines(cut, chunk_bytes)

@@ -1,4 +1,4 @@
-"""pipeline/datasets.py: registry checks, verified downloads (HTTP, local folder, file://), safe
+"""pipeline/data: registry checks, verified downloads (HTTP, local folder, file://), safe
 extraction, cleaning and the atomic output of ``prepare_corpus``.
 
 Downloads are served from a local HTTP server on 127.0.0.1 or read from folders made in
@@ -21,82 +21,33 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import datasets
-from pipeline.datasets import DataError, DatasetSpec, check_data_params, extract_tar, prepare_corpus
+from pipeline.data import DataError, DatasetSpec, check_data_params, checksums, multi30k, prepare_corpus, registry
+from pipeline.data.fetch import extract_tar
 from pipeline.params import DataParams
 
-from ..fakes import RAW, fake_multi30k, fake_statmt, link, sentences, tar, write_gz
+from .conftest import CACHE_NAME, cached, lines, publish
+from ...fakes import RAW, fake_multi30k, fake_statmt, link, sentences, tar, write_gz
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 MIRROR = REPO.parent / "shared" / "data" / "multi30k"
-CACHE_NAME = datasets.REGISTRY["multi30k"].cache_name
-
-
-# ----------------------------------------------------------------------------- fixtures / helpers
-
-
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    """No DATA_MIRROR from the caller's shell; checksums recorded in tmp, never in the repo."""
-    monkeypatch.delenv("DATA_MIRROR", raising=False)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
-    monkeypatch.setattr(datasets, "CHECKSUMS_FILE", tmp_path / "checksums.json")
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format, *args):  # noqa: A002 - signature of the base class
-        pass
-
-
-@pytest.fixture
-def http_mirror(tmp_path):
-    """(folder served, base URL) of an HTTP server on 127.0.0.1 with an ephemeral port."""
-    root = tmp_path / "served"
-    root.mkdir()
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(root)))
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield root, f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
-
-
-def publish(monkeypatch, root: Path, skip: tuple[str, ...] = ()) -> dict[str, str]:
-    """Register the sha256 of every file under ``root`` (except ``skip``) as Multi30k's published hashes."""
-    hashes = {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-              for p in sorted((root / RAW).glob("*.gz")) if p.name not in skip}
-    monkeypatch.setitem(datasets.REGISTRY, "multi30k", datasets.multi30k_spec(sha256=hashes))
-    return hashes
-
-
-def cached(cache: Path, name: str) -> Path:
-    return cache / CACHE_NAME / RAW / name
-
-
-def lines(path: Path) -> list[str]:
-    return path.read_text(encoding="utf-8").split("\n")[:-1]
 
 
 # ----------------------------------------------------------------------------- registry / params
 
 
 def test_registry_lists_the_three_data_sets():
-    assert list(datasets.REGISTRY) == ["multi30k", "wmt14_en_de", "wmt14_en_fr"]
-    m30k = datasets.REGISTRY["multi30k"]
+    assert list(registry.REGISTRY) == ["multi30k", "wmt14_en_de", "wmt14_en_fr"]
+    m30k = registry.REGISTRY["multi30k"]
     assert m30k.base_url == "https://github.com/multi30k/dataset/raw/a3d2e0d26b56f3846f66a952536ffed4e401d05a/"
     assert m30k.languages == ["cs", "de", "en", "fr"]
     assert m30k.split_languages("test_2017_mscoco") == {"en", "de", "fr"}
     assert m30k.splits["test_2018_flickr"][0].unverified == {"de", "fr", "cs"}
     published = {c.sides[lang].file.path for cs in m30k.splits.values() for c in cs for lang in c.sides
                  if c.sides[lang].file.sha256}
-    assert published == set(datasets.MULTI30K_SHA256)
-    fr = datasets.REGISTRY["wmt14_en_fr"]
+    assert published == set(multi30k.MULTI30K_SHA256)
+    fr = registry.REGISTRY["wmt14_en_fr"]
     assert [c.name for c in fr.splits["train"]] == ["europarl-v7", "commoncrawl", "un", "news-commentary-v9", "giga-fren"]
-    assert datasets.REGISTRY["wmt14_en_de"].url(fr.splits["newstest2014"][0].sides["fr"].file) == \
+    assert registry.REGISTRY["wmt14_en_de"].url(fr.splits["newstest2014"][0].sides["fr"].file) == \
         "http://www.statmt.org/wmt14/test-full.tgz"
 
 
@@ -105,7 +56,7 @@ def test_published_hashes_match_the_mirror_readme():
     if not readme.is_file():
         pytest.skip(f"no mirror README at {readme}")
     listed = dict((path, digest) for digest, path in re.findall(r"([0-9a-f]{64})\s+(\S+)", readme.read_text()))
-    assert listed == datasets.MULTI30K_SHA256
+    assert listed == multi30k.MULTI30K_SHA256
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -126,9 +77,8 @@ def test_bad_data_params_name_the_key(kwargs, message):
 
 
 def test_valid_data_params_pass():
-    check_data_params(DataParams(dataset="wmt14_en_fr", src_lang="fr", tgt_lang="en",
-                                 valid_set="newstest2013", test_sets=["newstest2014"]))
-    check_data_params(DataParams(src_lang="en", tgt_lang="fr", test_sets=["test_2017_mscoco", "test_2018_flickr"]))
+    check_data_params("wmt14_en_fr", "fr", "en", "newstest2013", ["newstest2014"])
+    check_data_params("multi30k", "en", "fr", "val", ["test_2017_mscoco", "test_2018_flickr"])
 
 
 # ----------------------------------------------------------------------------- downloads
@@ -149,9 +99,9 @@ def test_http_download_verified_and_written(http_mirror, tmp_path, monkeypatch):
     assert lines(out / "test_2016_flickr.en") == sentences("test_2016_flickr", "en", 5)
     assert stats["splits"]["train"]["raw"] == stats["splits"]["train"]["kept"] == 20
     assert json.loads((out / "stats.json").read_text()) == stats
-    upstream = datasets.REGISTRY["multi30k"].base_url
+    upstream = registry.REGISTRY["multi30k"].base_url
     assert {s["url"]: s["sha256"] for s in stats["sources"]} == {upstream + k: v for k, v in hashes.items()}
-    assert not datasets.CHECKSUMS_FILE.exists()        # every hash was published: nothing recorded
+    assert not checksums.CHECKSUMS_FILE.exists()        # every hash was published: nothing recorded
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".corpus")]   # no temp dir left
 
 
@@ -160,29 +110,71 @@ def test_http_download_verified_and_written(http_mirror, tmp_path, monkeypatch):
 
 
 def test_first_download_hash_is_recorded_then_enforced(http_mirror, tmp_path, monkeypatch):
+    """Upstream itself (a server on 127.0.0.1 as the registry's base URL): its hashes are recorded
+    under ``sha256`` and enforced on every later download."""
     root, url = http_mirror
     fake_multi30k(root, {"train": 20, "val": 5, "test_2017_flickr": 5})
-    publish(monkeypatch, root, skip=("test_2017_flickr.en.gz", "test_2017_flickr.de.gz"))
-    monkeypatch.setenv("DATA_MIRROR", url)
+    hashes = publish(monkeypatch, root, skip=("test_2017_flickr.en.gz", "test_2017_flickr.de.gz"))
+    monkeypatch.setitem(registry.REGISTRY, "multi30k", multi30k.multi30k_spec(sha256=hashes, base_url=url))
     data = DataParams(test_sets=["test_2017_flickr"])
     cache = tmp_path / "cache"
 
     stats = prepare_corpus(data, tmp_path / "corpus", cache, retries=0, progress=False)
-    recorded = json.loads(datasets.CHECKSUMS_FILE.read_text())["sha256"]
-    upstream = datasets.REGISTRY["multi30k"].base_url + RAW
-    assert set(recorded) == {f"{upstream}/test_2017_flickr.en.gz", f"{upstream}/test_2017_flickr.de.gz"}
-    assert {s["hash"] for s in stats["sources"]} == {"published", "first-download"}
+    recorded = json.loads(checksums.CHECKSUMS_FILE.read_text())
+    assert set(recorded["sha256"]) == {f"{url}{RAW}/test_2017_flickr.en.gz", f"{url}{RAW}/test_2017_flickr.de.gz"}
+    assert "mirror_sha256" not in recorded
+    first = (tmp_path / "corpus" / "stats.json").read_bytes()
+    assert all(set(s) == {"url", "sha256"} for s in stats["sources"])   # no "was the hash known" in the corpus
 
-    # a cached file that went bad is downloaded again, and passes against the recorded hash
+    # a cached file that went bad is downloaded again, and passes against the recorded hash; the
+    # corpus is byte-identical to the first one, although its hashes were known this time
     cached(cache, "test_2017_flickr.de.gz").write_bytes(b"garbage")
-    stats = prepare_corpus(data, tmp_path / "corpus", cache, retries=0, progress=False)
-    assert {s["hash"] for s in stats["sources"]} == {"published", "recorded"}
+    prepare_corpus(data, tmp_path / "corpus", cache, retries=0, progress=False)
+    assert (tmp_path / "corpus" / "stats.json").read_bytes() == first
     assert lines(tmp_path / "corpus" / "test_2017_flickr.de") == sentences("test_2017_flickr", "de", 5)
 
     # upstream changes behind our back: the recorded hash rejects it
     write_gz(root / RAW / "test_2017_flickr.de.gz", sentences("changed", "de", 5))
     cached(cache, "test_2017_flickr.de.gz").unlink()
-    with pytest.raises(DataError, match="checksums.json"):
+    with pytest.raises(DataError, match="recorded from upstream in .*checksums.json"):
+        prepare_corpus(data, tmp_path / "corpus", cache, retries=0, progress=False)
+
+
+def test_mirror_hashes_never_masquerade_as_upstream(http_mirror, tmp_path, monkeypatch):
+    """A file first seen through a mirror is recorded for that mirror only: the real upstream file,
+    with other bytes (a repacked archive on the mirror), is not checked against it."""
+    root, url = http_mirror
+    mirror, upstream = root / "mirror", root / "upstream"
+    fake_multi30k(mirror, {"train": 20, "val": 5, "test_2017_flickr": 5})
+    fake_multi30k(upstream, {"train": 20, "val": 5, "test_2017_flickr": 5})
+    hashes = publish(monkeypatch, mirror, skip=("test_2017_flickr.en.gz", "test_2017_flickr.de.gz"))
+    repacked = sentences("test_2017_flickr", "de", 5)
+    (mirror / RAW / "test_2017_flickr.de.gz").write_bytes(
+        gzip.compress("".join(f"{s}\n" for s in repacked).encode(), compresslevel=1, mtime=1))   # other bytes
+    monkeypatch.setitem(registry.REGISTRY, "multi30k",
+                        multi30k.multi30k_spec(sha256=hashes, base_url=f"{url}upstream/"))
+    data = DataParams(test_sets=["test_2017_flickr"])
+    cache = tmp_path / "cache"
+
+    monkeypatch.setenv("DATA_MIRROR", f"{url}mirror")
+    prepare_corpus(data, tmp_path / "corpus", cache, retries=0, progress=False)
+    recorded = json.loads(checksums.CHECKSUMS_FILE.read_text())
+    assert recorded["sha256"] == {}
+    assert set(recorded["mirror_sha256"]) == {f"{url}mirror"}
+    assert len(recorded["mirror_sha256"][f"{url}mirror"]) == 2
+
+    # from upstream: the mirror's record does not apply; upstream's bytes are recorded as upstream's
+    monkeypatch.delenv("DATA_MIRROR")
+    prepare_corpus(data, tmp_path / "corpus", cache, retries=0, progress=False)
+    recorded = json.loads(checksums.CHECKSUMS_FILE.read_text())
+    key = f"{url}upstream/{RAW}/test_2017_flickr.de.gz"
+    assert recorded["sha256"][key] == hashlib.sha256((upstream / RAW / "test_2017_flickr.de.gz").read_bytes()).hexdigest()
+    assert recorded["sha256"][key] != recorded["mirror_sha256"][f"{url}mirror"][key]
+
+    # the mirror again: now upstream's record is the reference, and the repacked file is refused
+    monkeypatch.setenv("DATA_MIRROR", f"{url}mirror")
+    cached(cache, "test_2017_flickr.de.gz").unlink()
+    with pytest.raises(DataError, match="(?i)sha256.*recorded from upstream"):
         prepare_corpus(data, tmp_path / "corpus", cache, retries=0, progress=False)
 
 
@@ -226,7 +218,7 @@ def test_real_multi30k_mirror(tmp_path, monkeypatch):
         assert len(lines(out / name)) == n, name
     first = gzip.open(MIRROR / RAW / "train.en.gz", "rt", encoding="utf-8").readline().strip()
     assert lines(out / "train.en")[0] == first
-    assert {s["hash"] for s in stats["sources"]} == {"published"}
+    assert {s["sha256"] for s in stats["sources"]} <= set(multi30k.MULTI30K_SHA256.values())
 
 
 # ----------------------------------------------------------------------------- reading / cleaning
@@ -323,7 +315,7 @@ def test_extraction_of_named_members(tmp_path):
 
 @pytest.mark.parametrize("name", ["wmt14_en_de", "wmt14_en_fr"])
 def test_wmt14_archives_are_read_as_registered(name, tmp_path, monkeypatch):
-    spec = datasets.REGISTRY[name]
+    spec = registry.REGISTRY[name]
     other = name[-2:]
     root = tmp_path / "statmt"
     fake_statmt(root, spec)
@@ -339,9 +331,9 @@ def test_wmt14_archives_are_read_as_registered(name, tmp_path, monkeypatch):
     assert lines(out / "newstest2013.en") == sentences("newstest2013", "en", 3)
     assert lines(out / f"newstest2014.{other}") == sentences("newstest2014", other, 3)
     assert lines(out / "newstest2014.en") == sentences("newstest2014", "en", 3)
-    recorded = json.loads(datasets.CHECKSUMS_FILE.read_text())["sha256"]
+    recorded = json.loads(checksums.CHECKSUMS_FILE.read_text())["mirror_sha256"][str(root.resolve())]
     assert set(recorded) == {spec.url(f) for c in spec.splits.values() for x in c for f in {s.file for s in x.sides.values()}}
-    assert all(recorded[s["url"]] == s["sha256"] and s["hash"] == "first-download" for s in stats["sources"])
+    assert all(recorded[s["url"]] == s["sha256"] for s in stats["sources"])
 
     # the next run checks the recorded hashes: a changed archive on the mirror is refused
     (root / "wmt14" / "dev.tgz").write_bytes((root / "wmt14" / "dev.tgz").read_bytes() + b"\0")

@@ -1,0 +1,18 @@
+"""Parallel corpora: the registry of data sets, their download and verification, and their
+cleaning into the plain-text corpus the tokenizer stage reads.
+
+- ``spec``: the registry's types (``DatasetSpec``, ``Corpus``, ``Side``, ``RemoteFile``);
+- ``multi30k``, ``wmt14``: one module per data set;
+- ``registry``: name -> data set, and the check of the ``data`` params against it;
+- ``checksums``: recorded hashes (trust on first use) and where they came from;
+- ``fetch``: downloads from upstream or a mirror, verified, and archive extraction;
+- ``read``: text / gzip / SGML sides read into aligned pairs;
+- ``corpus``: cleaning, incoming data and the atomic corpus folder (``prepare_corpus``).
+"""
+
+from pipeline.data.corpus import incoming_pairs, prepare_corpus
+from pipeline.data.registry import REGISTRY, check_data_params, get_spec
+from pipeline.data.spec import TRAIN_SPLIT, Corpus, DataError, DatasetSpec, RemoteFile, Side
+
+__all__ = ["REGISTRY", "TRAIN_SPLIT", "Corpus", "DataError", "DatasetSpec", "RemoteFile", "Side",
+           "check_data_params", "get_spec", "incoming_pairs", "prepare_corpus"]
