@@ -8,11 +8,7 @@ cleaning into the plain-text corpus the tokenizer stage reads.
 - ``fetch``: downloads from upstream or a mirror, verified, and archive extraction;
 - ``read``: text / gzip / SGML sides read into aligned pairs;
 - ``corpus``: cleaning, incoming data and the atomic corpus folder (``prepare_corpus``).
+
+Import from the submodules: this file imports nothing, so that a stage that only checks params
+(``registry``) does not load, and depend on, the download code.
 """
-
-from pipeline.data.corpus import incoming_pairs, prepare_corpus
-from pipeline.data.registry import REGISTRY, check_data_params, get_spec
-from pipeline.data.spec import TRAIN_SPLIT, Corpus, DataError, DatasetSpec, RemoteFile, Side
-
-__all__ = ["REGISTRY", "TRAIN_SPLIT", "Corpus", "DataError", "DatasetSpec", "RemoteFile", "Side",
-           "check_data_params", "get_spec", "incoming_pairs", "prepare_corpus"]

@@ -163,7 +163,7 @@ def experiment(overrides: list[str], workdir: str) -> None:
 def version_incoming(workdir: str, incoming_dir: str, src_lang: str, tgt_lang: str) -> list[str]:
     """Version the incoming pairs with ``dvc add`` (one ``.dvc`` file beside each file); returns
     their paths. A half pair (or a ``.dvc`` file whose data is missing) fails here, before training."""
-    from pipeline.data import incoming_pairs
+    from pipeline.data.corpus import incoming_pairs
 
     root = Path(workdir)
     directory = Path(incoming_dir) if Path(incoming_dir).is_absolute() else root / incoming_dir

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline import paths
-from pipeline.data import prepare_corpus
+from pipeline.data.corpus import prepare_corpus
 from pipeline.params import load_params, run_stage
 
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from pipeline import paths
-from pipeline.data import DataError
+from pipeline.data.spec import DataError
 from pipeline.io import write_json
 from pipeline.params import DataParams, ParamsError, TokenizerParams, load_params, run_stage
 from transformer.atomic import write_bytes

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from pipeline import paths
 from pipeline.curves import CurveWriter
-from pipeline.data import DataError
+from pipeline.data.spec import DataError
 from pipeline.io import write_json
 from pipeline.params import ParamsError, load_params, run_stage
 from pipeline.tracking import MlflowCallback, run_tags

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.data import DataError, checksums, prepare_corpus, registry
+from pipeline.data import checksums, registry
+from pipeline.data.corpus import prepare_corpus
+from pipeline.data.spec import DataError
 from pipeline.params import DataParams
 from pipeline.resumable import partial_path
 

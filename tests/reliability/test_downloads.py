@@ -26,7 +26,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.data import DataError, checksums, fetch, multi30k, prepare_corpus, registry
+from pipeline.data import checksums, fetch, multi30k, registry
+from pipeline.data.corpus import prepare_corpus
+from pipeline.data.spec import DataError
 from pipeline.params import DataParams
 from pipeline.resumable import partial_path
 

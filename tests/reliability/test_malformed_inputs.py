@@ -31,7 +31,8 @@ import pytest
 import torch
 import yaml
 
-from pipeline.data import DataError, checksums, registry
+from pipeline.data import checksums, registry
+from pipeline.data.spec import DataError
 from pipeline.data.fetch import extract_tar
 from pipeline.params import run_stage
 from transformer.checkpoint import load_checkpoint, model_checkpoint, save_checkpoint

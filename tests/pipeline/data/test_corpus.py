@@ -21,7 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.data import DataError, DatasetSpec, check_data_params, checksums, multi30k, prepare_corpus, registry
+from pipeline.data import checksums, multi30k, registry
+from pipeline.data.corpus import prepare_corpus
+from pipeline.data.registry import check_data_params
+from pipeline.data.spec import DataError, DatasetSpec
 from pipeline.data.fetch import extract_tar
 from pipeline.params import DataParams
 
@@ -68,7 +71,7 @@ def test_published_hashes_match_the_mirror_readme():
     ({"tgt_lang": "cs", "test_sets": ["test_2017_flickr"]}, "data.test_sets: test_2017_flickr has no cs side in multi30k"),
     ({"valid_set": "newstest2013"}, "data.valid_set: 'newstest2013' is not a split of multi30k"),
     ({"valid_set": "train"}, "data.valid_set: train is the training split"),
-    ({"test_sets": ["val", "val"]}, "data.test_sets: val is listed twice"),
+    ({"test_sets": ["test_2016_flickr", "test_2016_flickr"]}, "data.test_sets: test_2016_flickr is listed twice"),
 ])
 def test_bad_data_params_name_the_key(kwargs, message):
     with pytest.raises(ValueError) as err:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.data import DataError, RemoteFile, Side
+from pipeline.data.spec import DataError, RemoteFile, Side
 from pipeline.data.read import read_lines, read_pairs
 
 SGM = """<refset setid="newstest2014" srclang="any" trglang="de">

@@ -1,5 +1,7 @@
 """pipeline/stages/average.py: the model is the mean of the last N checkpoints (§6.1)."""
 
+from pathlib import Path
+
 import torch
 
 from transformer.checkpoint import load_checkpoint
@@ -14,3 +16,19 @@ def test_model_is_the_mean_of_the_last_checkpoints(workspace):
         torch.testing.assert_close(tensor, mean.to(tensor.dtype), rtol=0, atol=1e-7)
     assert model["model_config"] == ckpts[-1]["model_config"]
     assert model["callbacks"]["mlflow_run_id"]  # the run that evaluate logs into
+
+
+def test_fewer_checkpoints_than_asked_for_are_averaged_with_a_warning(workspace, tmp_path, monkeypatch, capsys):
+    import shutil
+
+    from pipeline.stages.average import average
+
+    (tmp_path / "models" / "checkpoints").mkdir(parents=True)
+    for step in (30, 40):
+        name = f"checkpoint_{step:08d}.pt"
+        shutil.copy(workspace.path / "models/checkpoints" / name, tmp_path / "models/checkpoints" / name)
+    monkeypatch.chdir(tmp_path)
+    averaged = average(5)
+    assert [Path(p).name for p in averaged["averaged_from"]] == ["checkpoint_00000030.pt", "checkpoint_00000040.pt"]
+    err = capsys.readouterr().err
+    assert "warning: average.last_n is 5 but models/checkpoints holds 2 checkpoint(s): averaging 2" in err

@@ -4,6 +4,7 @@ holding params.yaml; writes data/corpus, exits 2 with one ``error:`` line on bad
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,8 @@ import pytest
 import yaml
 
 from pipeline.stages.download import format_table
+
+from ..conftest import make_workspace, tiny_params
 
 REPO = Path(__file__).resolve().parents[3]
 MIRROR = REPO.parent / "shared" / "data" / "multi30k"
@@ -69,3 +72,31 @@ def test_format_table():
     assert header.split() == ["split", "raw", "kept", "empty", "too_long", "ratio", "limit"]
     assert train.split() == ["train", "10", "0", "1", "2", "3", "4"]
     assert test.split()[:3] == ["test_2016_flickr", "5", "5"]
+
+
+def test_failed_download_under_dvc_repro_keeps_the_previous_corpus(tmp_path):
+    """DVC deletes a stage's outputs before running it unless they persist: data/corpus persists,
+    and the stage replaces it atomically, so a download that fails leaves the last good corpus."""
+    if not (MIRROR / "data/task1/raw/train.en.gz").is_file():
+        pytest.skip(f"the Multi30k mirror is not at {MIRROR}")
+    root, env = make_workspace(tmp_path / "repo", tiny_params())
+    dvc = Path(sys.executable).parent / "dvc"
+
+    def repro(**extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(dvc), "repro", "download"], cwd=root, env={**env, **extra},
+                              capture_output=True, text=True, timeout=300)
+
+    first = repro()
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    before = {p.name: p.read_bytes() for p in (root / "data" / "corpus").iterdir()}
+
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["data"]["limit_train_pairs"] = 200           # a change that reruns the stage...
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    (tmp_path / "empty").mkdir()
+    shutil.rmtree(root / "data" / "cache")
+    failed = repro(DATA_MIRROR=str(tmp_path / "empty"))  # ...whose download fails
+    assert failed.returncode != 0
+    assert "has no data/task1/raw/" in failed.stderr
+    after = {p.name: p.read_bytes() for p in (root / "data" / "corpus").iterdir()}
+    assert after == before

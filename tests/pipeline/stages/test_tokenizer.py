@@ -114,7 +114,7 @@ def test_model_from_with_another_vocab_size_is_one_clear_error(workspace, tmp_pa
 
 @pytest.mark.parametrize("chunk_bytes", [1, 2, 3, 7, 1 << 20])
 def test_count_lines_streams_and_names_the_bad_line(tmp_path, chunk_bytes):
-    from pipeline.data import DataError
+    from pipeline.data.spec import DataError
     from pipeline.stages.tokenizer import count_lines
 
     good = tmp_path / "good.de"
