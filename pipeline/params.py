@@ -16,7 +16,8 @@ from typing import Any, Callable, TypeVar
 
 import yaml
 
-from pipeline.data import DataError, check_data_params
+from pipeline.data.registry import check_data_params
+from pipeline.data.spec import DataError
 from transformer.config import PRESETS, ConfigError, ModelConfig, build_config
 from transformer.trainer import TrainConfig
 
