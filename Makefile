@@ -7,7 +7,7 @@ export PYTHONPATH := $(CURDIR)
 # DVC runs each stage's `python -m ...` through PATH: it must find the venv's python.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup run test bench ui compare serve clean
+.PHONY: setup run test bench ui compare sweep serve clean
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,8 +32,11 @@ bench: setup  ## speed benchmarks, each printing ratio=<x> last
 ui: setup  ## MLflow UI on 127.0.0.1
 	$(BIN)/mlflow ui --backend-store-uri $${MLFLOW_TRACKING_URI:-sqlite:///mlflow.db} --host 127.0.0.1 --port 5000
 
-compare: setup  ## table of the experiment's runs, best BLEU first
+compare: setup  ## table of the experiment's runs, ranked by validation BLEU (valid_bleu); test scores shown, never ranking
 	$(BIN)/python -m pipeline.compare
+
+sweep: setup  ## params/sweep.yaml's grid as queued DVC experiments, one at a time: PHASE=proxy (default) | final [TOP=K]
+	$(BIN)/python -m pipeline.sweep --phase $(or $(PHASE),proxy) $(if $(TOP),--top $(TOP))
 
 serve: setup  ## serve the scheduled retraining flow (Prefect)
 	$(BIN)/python -m pipeline.flows serve

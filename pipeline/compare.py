@@ -1,10 +1,12 @@
-"""Compare the runs of the experiment: best BLEU first, with the params that differ between them.
+"""Compare the runs of the experiment, ranked by validation score, with the params that differ between them.
 
-    python -m pipeline.compare [--experiment NAME] [--metric test/test_2016_flickr/bleu]
+    python -m pipeline.compare [--experiment NAME] [--metric valid_bleu]
 
-Prints a markdown table, writes it to ``reports/compare.md`` and draws the runs'
-validation perplexity curves into ``reports/compare_valid.png``. Built on
-``mlflow.search_runs`` and pandas.
+Ranks by ``valid_bleu``: the validation BLEU of the averaged model with the decoding settings chosen
+on the validation set (the tune stage). Development data decides, test data reports: the test sets'
+BLEU and chrF are columns of the table, never the ranking; runs without the ranking metric come last.
+Prints a markdown table, writes it to ``reports/compare.md`` and draws the runs' validation
+perplexity curves into ``reports/compare_valid.png``. Built on ``mlflow.search_runs`` and pandas.
 """
 
 from __future__ import annotations
@@ -29,10 +31,17 @@ REPORT = Path("reports/compare.md")
 PLOT = Path("reports/compare_valid.png")
 # Params that differ between every pair of runs and say nothing about the model.
 IGNORED_PARAMS = {"derived.train_target_tokens"}
+# Validation BLEU of the averaged model with the decoding settings chosen on the validation set
+# (logged by the tune stage): what ranks runs. Test scores are shown, never used to rank.
+RANK_METRIC = "valid_bleu"
 
 
-def runs_table(experiment: str, metric: str) -> tuple[pd.DataFrame, list[str]]:
-    """One row per run, best ``metric`` first; returns the table and the differing param names."""
+def runs_table(experiment: str, metric: str = RANK_METRIC,
+               test_sets: list[str] | None = None) -> tuple[pd.DataFrame, list[str]]:
+    """One row per run, best validation ``metric`` first (runs without it last); the test sets' BLEU
+    and chrF are shown (``test_sets`` first, then any other the runs have), never used to rank.
+    Returns the table and the names of the params that differ between runs."""
+    check_metric(metric)
     tracking.client()
     runs = mlflow.search_runs(experiment_names=[experiment], max_results=10_000)
     if runs.empty:
@@ -42,19 +51,35 @@ def runs_table(experiment: str, metric: str) -> tuple[pd.DataFrame, list[str]]:
     metric_col = f"metrics.{metric}"
     if metric_col not in runs.columns:
         runs[metric_col] = float("nan")
-    runs = runs.sort_values(metric_col, ascending=False, na_position="last")
-    chrf_col = metric_col.replace("/bleu", "/chrf")
+    runs = runs.sort_values(metric_col, ascending=False, na_position="last", kind="stable")
+    logged = sorted(c[len("metrics.test/"):-len("/bleu")] for c in runs.columns
+                    if c.startswith("metrics.test/") and c.endswith("/bleu"))
+    shown_sets = [s for s in (test_sets or []) if s in logged] + [s for s in logged if s not in (test_sets or [])]
+    nan = pd.Series(float("nan"), index=runs.index)
     table = pd.DataFrame({
         "run": runs["run_id"].str[:8],
         "name": runs.get("tags.mlflow.runName", pd.Series("", index=runs.index)),
         "status": runs["status"],
-        metric.split("/")[-1].upper() if metric.endswith("bleu") else metric: runs[metric_col].round(2),
-        "chrF": runs[chrf_col].round(2) if chrf_col in runs.columns else float("nan"),
-        "valid ppl": runs["metrics.valid/ppl"].round(2) if "metrics.valid/ppl" in runs.columns else float("nan"),
+        ranking_column(metric): runs[metric_col].round(2),
     })
+    for name in shown_sets:
+        table[f"test BLEU {name}"] = runs[f"metrics.test/{name}/bleu"].round(2)
+        table[f"test chrF {name}"] = runs.get(f"metrics.test/{name}/chrf", nan).round(2)
+    table["valid ppl"] = runs.get("metrics.valid/ppl", nan).round(2)
     for col in differing:
         table[col[len("params."):]] = runs[col]
     return table.reset_index(drop=True), [c[len("params."):] for c in differing]
+
+
+def check_metric(metric: str) -> None:
+    """Only development data ranks: a test set's metric is refused."""
+    if metric.startswith("test/"):
+        raise ValueError(f"--metric {metric} is a test score: test sets are reported, never used to rank "
+                         f"(rank by {RANK_METRIC} or another validation metric)")
+
+
+def ranking_column(metric: str) -> str:
+    return f"{metric} (ranks)"
 
 
 def plot_curves(experiment: str, run_ids: list[str], labels: list[str], path: Path) -> bool:
@@ -87,20 +112,25 @@ def plot_curves(experiment: str, run_ids: list[str], labels: list[str], path: Pa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--experiment", help="MLflow experiment (default: tracking.experiment of params.yaml)")
-    parser.add_argument("--metric", help="ranking metric (default: test/<first test set>/bleu)")
+    parser.add_argument("--metric", default=RANK_METRIC,
+                        help=f"validation metric that ranks (default {RANK_METRIC}); test metrics are refused")
     args = parser.parse_args()
-    params = load_params() if not (args.experiment and args.metric) else None
+    try:
+        check_metric(args.metric)
+    except ValueError as err:
+        parser.exit(2, f"error: {err}\n")
+    params = load_params() if not args.experiment else None
     experiment = args.experiment or params.tracking.experiment
-    metric = args.metric or f"test/{params.data.test_sets[0]}/bleu"
-    table, differing = runs_table(experiment, metric)
+    table, differing = runs_table(experiment, args.metric, params.data.test_sets if params else None)
     if table.empty:
         print(f"no runs in experiment {experiment!r} at {tracking.tracking_uri()}", file=sys.stderr)
         sys.exit(1)
-    header = (f"# Runs of {experiment}, best {metric} first\n\n"
+    header = (f"# Runs of {experiment}, ranked by {args.metric} (validation); runs without it last\n\n"
+              f"The column `{ranking_column(args.metric)}` ranks. Test scores are shown, never used to rank.\n\n"
               f"Params that differ between runs: {', '.join(differing) if differing else 'none'}\n\n")
     markdown = header + table.to_markdown(index=False) + "\n"
     print(markdown)
-    full_ids = mlflow.search_runs(experiment_names=[experiment])["run_id"].tolist()
+    full_ids = mlflow.search_runs(experiment_names=[experiment], max_results=10_000)["run_id"].tolist()
     by_prefix = {r[:8]: r for r in full_ids}
     labels = [f"{row['run']} " + " ".join(f"{p}={row[p]}" for p in differing) for _, row in table.iterrows()]
     if plot_curves(experiment, [by_prefix[r] for r in table["run"]], labels, PLOT):

@@ -1,17 +1,64 @@
-"""pipeline/compare.py: runs ranked by BLEU, naming the params that differ between them."""
+"""pipeline/compare.py: runs ranked by validation BLEU (test scores shown, never ranking), naming the
+params that differ between them."""
 
-import subprocess
+import math
 import sys
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from pipeline import compare
+
+
+def markdown_rows(text: str) -> tuple[list[str], list[list[str]]]:
+    lines = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith("|")]
+    return [c.strip() for c in lines[0]], [[c.strip() for c in line] for line in lines[2:]]
 
 
 def test_compare_ranks_two_runs_and_names_the_differing_param(workspace, beam1_experiment):
     result = workspace.run(sys.executable, "-m", "pipeline.compare")
     assert result.returncode == 0, result.stderr
-    assert "Params that differ between runs: evaluate.beam_size" in result.stdout
-    report = (workspace.path / "reports/compare.md").read_text()
-    table = [line for line in report.splitlines() if line.startswith("|")]
-    assert len(table) == 2 + 2  # header, rule, two runs
-    bleus = [float(line.split("|")[4]) for line in table[2:]]
-    assert bleus == sorted(bleus, reverse=True)
-    assert {line.split("|")[-2].strip() for line in table[2:]} == {"1", "2"}  # the beam sizes
+    assert "evaluate.beam_size" in result.stdout.split("Params that differ between runs: ")[1].splitlines()[0]
+    assert "The column `valid_bleu (ranks)` ranks. Test scores are shown, never used to rank." in result.stdout
+    header, rows = markdown_rows((workspace.path / "reports/compare.md").read_text())
+    assert len(rows) == 2
+    assert "test BLEU test_2016_flickr" in header and "test chrF test_2016_flickr" in header
+    ranked = [float(row[header.index("valid_bleu (ranks)")]) for row in rows]
+    ranked = [-math.inf if math.isnan(v) else v for v in ranked]   # runs without it come last
+    assert ranked == sorted(ranked, reverse=True)
+    assert {row[header.index("evaluate.beam_size")] for row in rows} == {"1", "2"}
     assert (workspace.path / "reports/compare_valid.png").is_file()
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch) -> MlflowClient:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return MlflowClient(uri)
+
+
+def log_run(c: MlflowClient, experiment_id: str, name: str, metrics: dict[str, float], lr: str) -> None:
+    run = c.create_run(experiment_id, run_name=name)
+    for key, value in metrics.items():
+        c.log_metric(run.info.run_id, key, value)
+    c.log_param(run.info.run_id, "train.lr_scale", lr)
+    c.set_terminated(run.info.run_id)
+
+
+def test_validation_bleu_ranks_and_test_bleu_never_does(store):
+    exp = store.create_experiment("ranking")
+    # Test BLEU in the opposite order of validation BLEU; the best test score has no validation score.
+    log_run(store, exp, "best-on-valid", {"valid_bleu": 30.0, "test/t1/bleu": 10.0, "test/t1/chrf": 40.0}, "0.4")
+    log_run(store, exp, "no-valid", {"test/t1/bleu": 50.0, "test/t1/chrf": 70.0}, "0.5")
+    log_run(store, exp, "second-on-valid", {"valid_bleu": 20.0, "test/t1/bleu": 40.0, "test/t1/chrf": 60.0}, "0.6")
+    table, differing = compare.runs_table("ranking", test_sets=["t1"])
+    assert table["name"].tolist() == ["best-on-valid", "second-on-valid", "no-valid"]
+    assert table["valid_bleu (ranks)"].tolist()[:2] == [30.0, 20.0] and math.isnan(table["valid_bleu (ranks)"][2])
+    assert table["test BLEU t1"].tolist() == [10.0, 40.0, 50.0]
+    assert table["test chrF t1"].tolist() == [40.0, 60.0, 70.0]
+    assert differing == ["train.lr_scale"]
+
+
+def test_a_test_metric_is_refused_as_the_ranking(store):
+    with pytest.raises(ValueError, match="test sets are reported, never used to rank"):
+        compare.runs_table("ranking", "test/t1/bleu")
