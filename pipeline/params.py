@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +54,9 @@ class DataParams:
             raise ValueError("data.test_sets must name at least one test set")
         if self.src_lang == self.tgt_lang:
             raise ValueError(f"data.src_lang and data.tgt_lang are both {self.src_lang!r}")
+        if self.valid_set in self.test_sets:
+            raise ValueError(f"data.valid_set {self.valid_set!r} is also in data.test_sets: the validation set "
+                             "chooses (checkpoints, decoding settings, the champion), test sets only report")
         check_data_params(self.dataset, self.src_lang, self.tgt_lang, self.valid_set, self.test_sets)
 
     @property
@@ -114,17 +118,20 @@ class AverageParams:
 
 @dataclass(frozen=True)
 class EvaluateParams:
-    beam_size: int = 4
-    alpha: float = 0.6
+    """Decoding and scoring of the test sets. ``beam_size`` and ``alpha`` are optional: null takes
+    the tune stage's choice on the validation set (``reports/tune.json``); a value wins over it."""
+
+    beam_size: int | None = None
+    alpha: float | None = None
     max_len_b: int = 50
     batch_sentences: int = 64
     attention_sentences: int = 3
     precision: str = "fp32"
 
     def __post_init__(self) -> None:
-        if self.beam_size < 1:
+        if self.beam_size is not None and self.beam_size < 1:
             raise ValueError(f"evaluate.beam_size must be positive, got {self.beam_size}")
-        if self.alpha < 0:
+        if self.alpha is not None and self.alpha < 0:
             raise ValueError(f"evaluate.alpha must be >= 0, got {self.alpha}")
         if self.max_len_b < 1:
             raise ValueError(f"evaluate.max_len_b must be positive, got {self.max_len_b}")
@@ -134,6 +141,76 @@ class EvaluateParams:
             raise ValueError(f"evaluate.attention_sentences must be >= 0, got {self.attention_sentences}")
         if self.precision not in ("fp32", "bf16"):
             raise ValueError(f"evaluate.precision must be fp32 or bf16, got {self.precision!r}")
+
+
+@dataclass(frozen=True)
+class TuneParams:
+    """The decoding grid the tune stage searches on the validation set (§6.1: beam size and alpha
+    "chosen after experimentation on the development set"). ``max_sentences`` caps the sentences
+    decoded (the first N of ``data.valid_set``; 0 = all). The other decoding settings (max_len_b,
+    batch_sentences, precision) are evaluate's, so the choice holds for evaluate's decoding."""
+
+    beam_sizes: list[int] = field(default_factory=lambda: [4])
+    alphas: list[float] = field(default_factory=lambda: [0.6, 1.0, 1.5, 2.0, 2.5])
+    max_sentences: int = 0
+
+    def __post_init__(self) -> None:
+        for key, values in (("beam_sizes", self.beam_sizes), ("alphas", self.alphas)):
+            if not values:
+                raise ValueError(f"tune.{key} must list at least one value")
+            if len(set(values)) != len(values):
+                raise ValueError(f"tune.{key} lists a value twice: {values}")
+        if min(self.beam_sizes) < 1:
+            raise ValueError(f"tune.beam_sizes must be positive, got {self.beam_sizes}")
+        if min(self.alphas) < 0:
+            raise ValueError(f"tune.alphas must be >= 0, got {self.alphas}")
+        if self.max_sentences < 0:
+            raise ValueError(f"tune.max_sentences must be >= 0 (0 = all), got {self.max_sentences}")
+
+
+TUNE_REPORT = Path("reports/tune.json")   # the tune stage's choice (relative to the repository root)
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """The beam size and alpha the evaluate stage (and the model it registers) decode with, and
+    where each came from: ``params`` (``evaluate.beam_size`` / ``evaluate.alpha`` set) or ``tune``
+    (null there: the tune stage's choice on the validation set)."""
+
+    beam_size: int
+    alpha: float
+    beam_size_from: str
+    alpha_from: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def decoding_settings(evaluate: EvaluateParams, tune_report: str | os.PathLike = TUNE_REPORT) -> Decoding:
+    """``evaluate.beam_size`` and ``evaluate.alpha`` where set, the tune stage's choice
+    (``tune_report``, read only when one of them is null) for the others."""
+    if evaluate.beam_size is not None and evaluate.alpha is not None:
+        return Decoding(evaluate.beam_size, evaluate.alpha, "params", "params")
+    path = Path(tune_report)
+    missing = " and ".join(k for k, v in (("evaluate.beam_size", evaluate.beam_size),
+                                         ("evaluate.alpha", evaluate.alpha)) if v is None)
+    if not path.is_file():
+        raise ParamsError(f"{path} does not exist: {missing} null means the tune stage's choice; run it "
+                          f"(dvc repro) or set {missing} in params.yaml")
+    try:
+        chosen = yaml.safe_load(path.read_text())["chosen"]   # JSON is YAML
+        beam_size, alpha = chosen["beam_size"], chosen["alpha"]
+        if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
+            raise ValueError(f"beam_size {beam_size!r}")
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha < 0:
+            raise ValueError(f"alpha {alpha!r}")
+    except (yaml.YAMLError, TypeError, KeyError, ValueError) as err:
+        raise ParamsError(f"{path} holds no valid choice ({type(err).__name__}: {err}): rerun the tune stage "
+                          "(dvc repro tune)") from None
+    return Decoding(evaluate.beam_size if evaluate.beam_size is not None else beam_size,
+                    evaluate.alpha if evaluate.alpha is not None else float(alpha),
+                    "params" if evaluate.beam_size is not None else "tune",
+                    "params" if evaluate.alpha is not None else "tune")
 
 
 @dataclass(frozen=True)
@@ -155,7 +232,10 @@ RETRAIN_MODES = ("scratch", "finetune")
 class FlowsParams:
     """The Prefect flows (pipeline/flows): the retraining schedule and the promotion gate.
     ``retrain_mode``: ``scratch`` trains a new model from random weights, ``finetune`` from the
-    champion's weights and tokenizer (the flow sets ``train.init_from`` and ``tokenizer.model_from``)."""
+    champion's weights and tokenizer (the flow sets ``train.init_from`` and ``tokenizer.model_from``).
+    ``gate_set``: the development set whose paired bootstrap decides a promotion ("" =
+    ``data.valid_set``, the one development set the pipeline downloads and translates); test sets
+    are compared and reported, never decide."""
 
     schedule_cron: str = "0 3 * * 1"
     schedule_timezone: str = "UTC"
@@ -163,7 +243,7 @@ class FlowsParams:
     retrain_mode: str = "scratch"
     significance: float = 0.05
     bootstrap_resamples: int = 1000
-    guarded_test_sets: list[str] = field(default_factory=list)
+    gate_set: str = ""             # "" = data.valid_set: the development set the gate decides on
 
     def __post_init__(self) -> None:
         fields = self.schedule_cron.split()
@@ -191,8 +271,6 @@ class FlowsParams:
         if 1 / (self.bootstrap_resamples + 1) >= self.significance:
             raise ValueError(f"flows.bootstrap_resamples {self.bootstrap_resamples} is too few for significance "
                              f"{self.significance}: the smallest p-value is 1/(resamples+1)")
-        if len(set(self.guarded_test_sets)) != len(self.guarded_test_sets):
-            raise ValueError(f"flows.guarded_test_sets lists a test set twice: {self.guarded_test_sets}")
 
 
 @dataclass(frozen=True)
@@ -202,10 +280,16 @@ class Params:
     model: ModelParams
     train: TrainConfig
     average: AverageParams
+    tune: TuneParams
     evaluate: EvaluateParams
     tracking: TrackingParams
     flows: FlowsParams
     raw: dict[str, Any]
+
+    @property
+    def gate_set(self) -> str:
+        """The development set the promotion gate decides on: ``flows.gate_set`` or ``data.valid_set``."""
+        return self.flows.gate_set or self.data.valid_set
 
     def flat(self) -> dict[str, Any]:
         """Every key as a dotted name, for tracking (``train.max_tokens`` -> 4096)."""
@@ -223,7 +307,8 @@ class Params:
 
 SECTIONS: dict[str, type] = {
     "data": DataParams, "tokenizer": TokenizerParams, "model": ModelParams, "train": TrainConfig,
-    "average": AverageParams, "evaluate": EvaluateParams, "tracking": TrackingParams, "flows": FlowsParams,
+    "average": AverageParams, "tune": TuneParams, "evaluate": EvaluateParams, "tracking": TrackingParams,
+    "flows": FlowsParams,
 }
 
 
@@ -231,6 +316,11 @@ def _check_type(key: str, value: Any, annotation: Any) -> Any:
     """Check ``value`` against a field annotation; ints are accepted where floats are expected."""
     hint = annotation
     origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):   # ``int | None``: null, or a value of the type
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        if value is None or len(options) != 1:
+            return value
+        return _check_type(key, value, options[0])
     if origin in (list,):
         (item,) = typing.get_args(hint)
         if not isinstance(value, list):
@@ -306,14 +396,27 @@ def load_params(path: str | os.PathLike = PARAMS_FILE) -> Params:
     unknown = sorted(set(raw) - set(SECTIONS))
     if unknown:
         raise ParamsError(f"params.yaml: unknown section {unknown[0]} (known: {', '.join(SECTIONS)})")
+    if isinstance(raw.get("flows"), dict) and "guarded_test_sets" in raw["flows"]:
+        raise ParamsError("params.yaml: flows.guarded_test_sets was removed: test sets report, they never decide; "
+                          "the gate decides on flows.gate_set (a development set); delete the key")
     built = {name: (_build_model(raw.get(name) or {}) if name == "model" else _build(cls, name, raw.get(name)))
              for name, cls in SECTIONS.items()}
-    for test_set in built["flows"].guarded_test_sets:
-        if test_set not in built["data"].test_sets:
-            raise ParamsError(f"params.yaml: flows.guarded_test_sets: {test_set!r} is not in data.test_sets "
-                              f"({', '.join(built['data'].test_sets)})")
+    _check_gate_set(built["flows"], built["data"])
     _check_init_files(built["train"], built["tokenizer"], path.parent)
     return Params(**built, raw=raw)
+
+
+def _check_gate_set(flows: FlowsParams, data: DataParams) -> None:
+    """The gate decides on development data: never a test set, and a set the pipeline translates."""
+    gate_set = flows.gate_set
+    if not gate_set:
+        return
+    if gate_set in data.test_sets:
+        raise ParamsError(f"params.yaml: flows.gate_set {gate_set!r} is a test set (data.test_sets): test sets "
+                          f"report, they never decide; leave it empty for data.valid_set ({data.valid_set!r})")
+    if gate_set != data.valid_set:
+        raise ParamsError(f"params.yaml: flows.gate_set {gate_set!r} is not data.valid_set ({data.valid_set!r}), "
+                          "the development set the pipeline downloads and translates; leave it empty or name it")
 
 
 def _check_init_files(train: TrainConfig, tokenizer: TokenizerParams, root: Path) -> None:

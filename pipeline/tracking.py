@@ -334,3 +334,19 @@ def log_artifacts(run_id: str | None, files: Iterable[Path], artifact_path: str 
 def finish_run(run_id: str | None, status: str = "FINISHED") -> None:
     if run_id:
         best_effort("run end", client().set_terminated, run_id, status)
+
+
+def log_tune(run_id: str | None, report: Mapping[str, Any], report_file: Path, seconds: float) -> None:
+    """The tune stage's record in ``run_id``: ``valid_bleu`` (validation BLEU of the chosen beam size
+    and alpha: what sweeps rank runs by), the chosen point's chrF and length ratio, the whole grid as
+    a table artifact (``tune/grid.json``, read back by ``MlflowClient.load_table``) and ``report_file``."""
+    if not run_id:
+        return
+    chosen = report["chosen"]
+    log_metrics(run_id, {"valid_bleu": chosen["bleu"], "tune/valid_chrf": chosen["chrf"],
+                         "tune/valid_length_ratio": chosen["length_ratio"], "time/tune_seconds": seconds})
+    grid = list(report["grid"])
+    if grid:
+        table = {key: [point[key] for point in grid] for key in grid[0]}
+        best_effort("table", client().log_table, run_id, table, "tune/grid.json")
+    log_artifacts(run_id, [report_file], "tune")

@@ -1,6 +1,9 @@
 """The promotion gate: a challenger model replaces the registry's champion only when it is
-significantly better, by sacrebleu's paired bootstrap test, on the first test set, and not
-significantly worse on any guarded test set.
+significantly better, by sacrebleu's paired bootstrap test, on the gate set: a development set
+(``flows.gate_set``, by default ``data.valid_set``), never a test set. Test sets are compared
+the same way and reported beside the decision; they never decide (held-out data stays held out).
+Each model translates with its own registered decoding settings (the beam size and alpha its
+evaluate stage used, tuned on the validation set).
 
 No Prefect here: the flow calls these functions in a task, the tests call them directly.
 
@@ -38,7 +41,7 @@ class GateError(RuntimeError):
 
 @dataclass(frozen=True)
 class Systems:
-    """One test set: its references and the two models' translations of its sources."""
+    """One evaluation set: its references and the two models' translations of its sources."""
 
     references: Sequence[str]
     champion: Sequence[str]
@@ -47,7 +50,7 @@ class Systems:
 
 @dataclass(frozen=True)
 class Comparison:
-    test_set: str
+    test_set: str                   # the evaluation set (the gate set or a test set)
     sentences: int
     champion_bleu: float
     challenger_bleu: float
@@ -83,15 +86,10 @@ def paired_bootstrap(test_set: str, systems: Systems, resamples: int) -> Compari
     return Comparison(test_set, n, round(champion.score, 2), round(challenger.score, 2), p_value)
 
 
-def decide(comparisons: Mapping[str, Comparison], primary: str, guarded: Sequence[str],
-           significance: float) -> tuple[bool, str]:
-    """(promote?, why) from the per-test-set comparisons."""
-    worse = [comparisons[name] for name in guarded if comparisons[name].worse(significance)]
-    if worse:
-        return False, "significantly worse on guarded " + ", ".join(
-            f"{c.test_set} (BLEU {c.champion_bleu:.2f} -> {c.challenger_bleu:.2f}, p={c.p_value:.4f})" for c in worse)
-    c = comparisons[primary]
-    change = f"BLEU {c.champion_bleu:.2f} -> {c.challenger_bleu:.2f} on {primary}, p={c.p_value:.4f}"
+def decide(comparisons: Mapping[str, Comparison], gate_set: str, significance: float) -> tuple[bool, str]:
+    """(promote?, why) from the gate set's comparison alone; the others are reported, never read here."""
+    c = comparisons[gate_set]
+    change = f"BLEU {c.champion_bleu:.2f} -> {c.challenger_bleu:.2f} on {gate_set}, p={c.p_value:.4f}"
     if c.better(significance):
         return True, f"significantly better: {change} < {significance}"
     if c.delta > 0:
@@ -108,9 +106,9 @@ class Decision:
     champion: ModelVersion | None
     significance: float
     resamples: int
-    primary: str
-    guarded: list[str]
-    comparisons: list[Comparison] = field(default_factory=list)
+    gate_set: str                   # the development set that decides
+    comparisons: list[Comparison] = field(default_factory=list)   # the gate set's first, then the test sets'
+    decoding: dict[str, str] = field(default_factory=dict)        # "champion"/"challenger" -> their settings
 
     @property
     def promoted(self) -> bool:
@@ -123,9 +121,11 @@ class Decision:
             "gate.challenger_version": str(self.challenger.version),
             "gate.champion_version": str(self.champion.version) if self.champion else "none",
             "gate.significance": str(self.significance), "gate.bootstrap_resamples": str(self.resamples),
-            "gate.primary_test_set": self.primary, "gate.guarded_test_sets": json.dumps(self.guarded),
+            "gate.gate_set": self.gate_set,
+            "gate.reported_sets": json.dumps([c.test_set for c in self.comparisons if c.test_set != self.gate_set]),
             "gate.time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
+        tags.update({f"gate.{who}_decoding": settings for who, settings in self.decoding.items()})
         for c in self.comparisons:
             tags.update({f"gate.{c.test_set}.champion_bleu": f"{c.champion_bleu:.2f}",
                          f"gate.{c.test_set}.challenger_bleu": f"{c.challenger_bleu:.2f}",
@@ -136,9 +136,10 @@ class Decision:
         return {"verdict": self.verdict, "promoted": self.promoted, "reason": self.reason,
                 "challenger_version": str(self.challenger.version),
                 "champion_version": str(self.champion.version) if self.champion else None,
-                "comparisons": [{"test_set": c.test_set, "champion_bleu": c.champion_bleu,
-                                 "challenger_bleu": c.challenger_bleu, "p_value": c.p_value}
-                                for c in self.comparisons]}
+                "gate_set": self.gate_set, "decoding": dict(self.decoding),
+                "comparisons": [{"set": c.test_set, "decides": c.test_set == self.gate_set,
+                                 "champion_bleu": c.champion_bleu, "challenger_bleu": c.challenger_bleu,
+                                 "p_value": c.p_value} for c in self.comparisons]}
 
     def markdown(self) -> str:
         champion = f"version {self.champion.version}" if self.champion else "none"
@@ -149,13 +150,15 @@ class Decision:
             f"- champion before: {champion}",
             f"- decision: **{self.verdict}**: {self.reason}",
             f"- test: sacrebleu paired bootstrap, {self.resamples} resamples, significance {self.significance}; "
-            f"primary test set `{self.primary}`, guarded: {', '.join(self.guarded) or 'none'}",
+            f"decided on the development set `{self.gate_set}`; test sets are reported, they never decide",
         ]
+        lines += [f"- {who} decodes with {settings}" for who, settings in self.decoding.items()]
         if self.comparisons:
-            lines += ["", "| test set | sentences | champion BLEU | challenger BLEU | delta | p-value |",
-                      "|---|---:|---:|---:|---:|---:|"]
-            lines += [f"| {c.test_set} | {c.sentences} | {c.champion_bleu:.2f} | {c.challenger_bleu:.2f} | "
-                      f"{c.delta:+.2f} | {c.p_value:.4f} |" for c in self.comparisons]
+            lines += ["", "| set | role | sentences | champion BLEU | challenger BLEU | delta | p-value |",
+                      "|---|---|---:|---:|---:|---:|---:|"]
+            lines += [f"| {c.test_set} | {'decides' if c.test_set == self.gate_set else 'reported'} | {c.sentences} | "
+                      f"{c.champion_bleu:.2f} | {c.challenger_bleu:.2f} | {c.delta:+.2f} | {c.p_value:.4f} |"
+                      for c in self.comparisons]
         return "\n".join(lines) + "\n"
 
 
@@ -167,24 +170,27 @@ def current_champion(client: MlflowClient, name: str) -> ModelVersion | None:
 
 
 def promote_if_better(client: MlflowClient, name: str, challenger: ModelVersion, champion: ModelVersion | None,
-                      systems: Mapping[str, Systems] | None, *, primary: str, guarded: Sequence[str],
-                      significance: float, resamples: int, extra_tags: Mapping[str, str] | None = None) -> Decision:
-    """Judge ``challenger`` against ``champion`` on ``systems`` (per test set), record the decision
-    as ``gate.*`` tags on the challenger's run (and ``gate.decision`` on its model version), and
-    move the ``champion`` alias to it when it wins. With no champion the challenger is promoted;
-    when it already is the champion nothing is recorded or changed."""
-    decision = Decision(UNCHANGED, "", name, challenger, champion, significance, resamples, primary, list(guarded))
+                      systems: Mapping[str, Systems] | None, *, gate_set: str, significance: float, resamples: int,
+                      extra_tags: Mapping[str, str] | None = None,
+                      decoding: Mapping[str, str] | None = None) -> Decision:
+    """Judge ``challenger`` against ``champion`` on ``systems`` (per evaluation set): the decision
+    is the gate set's paired bootstrap alone; the other sets (the test sets) are compared and
+    reported. Record it as ``gate.*`` tags on the challenger's run (and ``gate.decision`` on its
+    model version), and move the ``champion`` alias to it when it wins. With no champion the
+    challenger is promoted; when it already is the champion nothing is recorded or changed."""
+    decision = Decision(UNCHANGED, "", name, challenger, champion, significance, resamples, gate_set,
+                        decoding=dict(decoding or {}))
     if champion is not None and str(champion.version) == str(challenger.version):
         decision.reason = f"version {challenger.version} already is the champion (no new model)"
         return decision
     if champion is None:
         decision.verdict, decision.reason = FIRST_MODEL, f"no {CHAMPION_ALIAS} yet: the first complete model is promoted"
     else:
-        if not systems or primary not in systems or any(g not in systems for g in guarded):
-            raise GateError(f"the gate needs translations of {primary} and the guarded test sets {list(guarded)}")
-        decision.comparisons = [paired_bootstrap(test_set, s, resamples) for test_set, s in systems.items()]
-        promote, decision.reason = decide({c.test_set: c for c in decision.comparisons}, primary, guarded,
-                                          significance)
+        if not systems or gate_set not in systems:
+            raise GateError(f"the gate needs both models' translations of the gate set {gate_set}")
+        order = [gate_set, *(s for s in systems if s != gate_set)]
+        decision.comparisons = [paired_bootstrap(s, systems[s], resamples) for s in order]
+        promote, decision.reason = decide({c.test_set: c for c in decision.comparisons}, gate_set, significance)
         decision.verdict = PROMOTED if promote else REJECTED
     from mlflow.entities import RunTag
 
@@ -200,11 +206,18 @@ def promote_if_better(client: MlflowClient, name: str, challenger: ModelVersion,
 
 
 def challenger_version(client: MlflowClient, name: str, run_id: str) -> ModelVersion:
-    """The newest version of ``name`` registered from ``run_id`` or from one of its child runs
-    (evaluate logs into a child run when its params differ from the training run's)."""
+    """The newest version of ``name`` registered from ``run_id`` or from one of its descendant runs
+    (tune and evaluate log into a child run when their params differ from the run's: evaluate's
+    may be a child of tune's)."""
     run = client.get_run(run_id)
-    children = client.search_runs([run.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{run_id}'")
-    run_ids = {run_id, *(r.info.run_id for r in children)}
+    run_ids, frontier = {run_id}, [run_id]
+    while frontier:
+        parent = frontier.pop()
+        for child in client.search_runs([run.info.experiment_id],
+                                        filter_string=f"tags.mlflow.parentRunId = '{parent}'"):
+            if child.info.run_id not in run_ids:
+                run_ids.add(child.info.run_id)
+                frontier.append(child.info.run_id)
     versions = [v for v in client.search_model_versions(f"name = '{name}'") if v.run_id in run_ids]
     if not versions:
         raise GateError(f"no version of registered model {name!r} comes from MLflow run {run_id} "
@@ -220,10 +233,13 @@ def challenger_version(client: MlflowClient, name: str, run_id: str) -> ModelVer
 
 
 def translate_with_version(client: MlflowClient, name: str, version: str, sources: Mapping[str, Sequence[str]],
-                           beam_size: int, alpha: float, max_len_b: int, batch_sentences: int,
-                           precision: str = "fp32", tracking_uri: str | None = None) -> dict[str, list[str]]:
-    """Translate each test set's sources with a registered model version (its own checkpoint and
-    tokenizer, the pyfunc model's artifacts) and the evaluate stage's decoding settings."""
+                           beam_size: int | None, alpha: float | None, max_len_b: int, batch_sentences: int,
+                           precision: str = "fp32", tracking_uri: str | None = None,
+                           ) -> tuple[dict[str, list[str]], dict[str, float]]:
+    """Translate each set's sources with a registered model version (its own checkpoint and
+    tokenizer, the pyfunc model's artifacts). ``beam_size`` / ``alpha`` None: the version's own
+    registered settings (what its evaluate stage chose). Returns the translations by set and the
+    beam size and alpha used."""
     from pipeline.translation import Translator
     from transformer.checkpoint import load_model
     from transformer.precision import default_device
@@ -231,16 +247,35 @@ def translate_with_version(client: MlflowClient, name: str, version: str, source
 
     with tempfile.TemporaryDirectory(prefix="champion-") as tmp:
         files = version_files(client, name, version, Path(tmp), tracking_uri)
+        own = registered_decoding(files["MLmodel"])
+        settings = {"beam_size": beam_size if beam_size is not None else own.get("beam_size"),
+                    "alpha": alpha if alpha is not None else own.get("alpha")}
+        if None in settings.values():
+            raise GateError(f"{name} version {version} records no decoding settings (beam_size, alpha) in its "
+                            "signature: not a model logged by the evaluate stage")
         translator = Translator(load_model(files["model"], default_device()), Tokenizer(files["tokenizer"]),
-                                beam_size, alpha, max_len_b, batch_sentences, precision)
-        return {test_set: translator.translate(list(lines)) for test_set, lines in sources.items()}
+                                int(settings["beam_size"]), float(settings["alpha"]), max_len_b, batch_sentences,
+                                precision)
+        return {name_: translator.translate(list(lines)) for name_, lines in sources.items()}, settings
+
+
+def registered_decoding(mlmodel: Path) -> dict[str, float]:
+    """The decoding settings a version was registered with: the defaults of its signature's
+    params (``beam_size``, ``alpha``; ``pipeline.mlflow_model.log_translator`` writes them)."""
+    from mlflow.models.signature import ModelSignature
+
+    signature = (yaml.safe_load(mlmodel.read_text()) or {}).get("signature")
+    if not signature or not signature.get("params"):
+        return {}
+    params = ModelSignature.from_dict(signature).params
+    return {p.name: p.default for p in params.params if p.name in ("beam_size", "alpha")} if params else {}
 
 
 def version_files(client: MlflowClient, name: str, version: str, dst: Path,
                   tracking_uri: str | None = None) -> dict[str, Path]:
     """Download a registered version's pyfunc model into ``dst``; returns its artifacts by key:
     ``model`` (the averaged checkpoint: config + weights) and ``tokenizer`` (the SentencePiece
-    model), as ``pipeline.mlflow_model.log_translator`` logged them."""
+    model), as ``pipeline.mlflow_model.log_translator`` logged them, and ``MLmodel`` (its metadata)."""
     import mlflow
 
     uri = client.get_model_version_download_uri(name, version)
@@ -251,4 +286,4 @@ def version_files(client: MlflowClient, name: str, version: str, dst: Path,
     if missing:
         raise GateError(f"{name} version {version} has no {' or '.join(missing)} artifact: "
                         "not a model logged by the evaluate stage")
-    return files
+    return {**files, "MLmodel": local / "MLmodel"}

@@ -1,5 +1,6 @@
 """The Prefect flows: ``training_pipeline`` (the DVC stages as tasks) and ``retraining`` (incoming
-data, scratch or fine-tuning the champion, the pipeline, the champion/challenger gate)."""
+data, scratch or fine-tuning the champion, the pipeline, the champion/challenger gate on the
+development set)."""
 
 from __future__ import annotations
 
@@ -52,13 +53,26 @@ def model_run_id(root: Path) -> str:
     return run_id
 
 
-def metrics_markdown(metrics: dict[str, dict[str, Any]], run_id: str | None) -> str:
-    lines = ["# Training pipeline: test scores", "",
-             "| test set | BLEU | chrF | sentences | decode s |", "|---|---:|---:|---:|---:|"]
-    for test_set, m in metrics.items():
-        lines.append(f"| {test_set} | {m.get('bleu', '')} | {m.get('chrf', '')} | {m.get('sentences', '')} | "
+DEV, DECODING = "dev", "decoding"   # reports/metrics.json's keys beside the test sets (pipeline/stages/evaluate.py)
+
+
+def scores_of_test_sets(metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {k: v for k, v in metrics.items() if k not in (DEV, DECODING)}
+
+
+def metrics_markdown(metrics: dict[str, Any], run_id: str | None) -> str:
+    rows = [(name, "validation", m) for name, m in metrics.get(DEV, {}).items()]
+    rows += [(name, "test", m) for name, m in scores_of_test_sets(metrics).items()]
+    lines = ["# Training pipeline: scores", "",
+             "| set | role | BLEU | chrF | sentences | decode s |", "|---|---|---:|---:|---:|---:|"]
+    for name, role, m in rows:
+        lines.append(f"| {name} | {role} | {m.get('bleu', '')} | {m.get('chrf', '')} | {m.get('sentences', '')} | "
                      f"{m.get('decode_seconds', '')} |")
-    signatures = sorted({m["signature"] for m in metrics.values() if "signature" in m})
+    d = metrics.get(DECODING)
+    if d:
+        lines += ["", f"Decoding: beam {d.get('beam_size')} ({d.get('beam_size_from')}), alpha {d.get('alpha')} "
+                      f"({d.get('alpha_from')}): tune = chosen on the validation set, params = evaluate's"]
+    signatures = sorted({m["signature"] for _, _, m in rows if "signature" in m})
     lines += ["", *(f"BLEU signature: `{s}`" for s in signatures)]
     if run_id:
         lines += ["", f"MLflow run: `{run_id}`"]
@@ -69,7 +83,8 @@ def metrics_markdown(metrics: dict[str, dict[str, Any]], run_id: str | None) -> 
 def training_pipeline(workdir: str = ".", overrides: list[str] | None = None) -> dict[str, dict[str, Any]]:
     """Run the DVC pipeline in ``workdir``: each stage a task (``dvc repro --single-item``) in the
     DAG's order, or one ``dvc exp run -S key=value ...`` task when ``overrides`` are given.
-    Returns ``reports/metrics.json`` and publishes it as the ``training-metrics`` artifact."""
+    Returns ``reports/metrics.json`` (test sets, the validation set under ``dev``, the decoding
+    settings under ``decoding``) and publishes it as the ``training-metrics`` artifact."""
     root = Path(workdir).resolve()
     check_stages(root)
     if overrides:
@@ -85,8 +100,9 @@ def training_pipeline(workdir: str = ".", overrides: list[str] | None = None) ->
         run_id = None
     create_markdown_artifact(metrics_markdown(metrics, run_id), key=METRICS_ARTIFACT,
                              description=f"reports/metrics.json of the pipeline in {root}")
+    scored = {**metrics.get(DEV, {}), **scores_of_test_sets(metrics)}
     get_run_logger().info("metrics: %s", json.dumps({k: {"bleu": v.get("bleu"), "chrf": v.get("chrf")}
-                                                     for k, v in metrics.items()}))
+                                                     for k, v in scored.items()}))
     return metrics
 
 
@@ -105,47 +121,60 @@ def retrain_plan(workdir: str) -> RetrainPlan:
     return plan
 
 
+def _settings(beam_size: Any, alpha: Any) -> str:
+    return f"beam {beam_size}, alpha {float(alpha):g}"
+
+
 @task(name="promotion gate", cache_policy=NO_CACHE)
 def promotion_gate(workdir: str, flow_run_id: str = "", extra_tags: dict[str, str] | None = None) -> Decision:
-    """Challenger (the model the pipeline just registered) against the registry's champion."""
+    """Challenger (the model the pipeline just registered) against the registry's champion, decided
+    on the gate set (``flows.gate_set``, by default ``data.valid_set``); the test sets are compared
+    and reported. The challenger's translations are the evaluate stage's
+    (``reports/translations/``); the champion translates the same sources with its own registered
+    decoding settings."""
     logger = get_run_logger()
     root = Path(workdir)
     params = params_of(root)
     data, flows = params.data, params.flows
+    gate_set = params.gate_set
     name = params.tracking.registered_model
     uri = tracking_uri(root)
     client = MlflowClient(uri, uri)
 
     metrics = read_metrics(root)
-    missing = [t for t in data.test_sets if t not in metrics]
+    scores = {**{t: metrics[t] for t in data.test_sets if t in metrics},
+              **{d: m for d, m in metrics.get(DEV, {}).items() if d == gate_set}}
+    missing = [t for t in (gate_set, *data.test_sets) if t not in scores]
     if missing:
         raise GateError(f"{paths.METRICS} has no scores for {', '.join(missing)}: the evaluation is partial")
     challenger = challenger_version(client, name, model_run_id(root))
     logged = client.get_run(challenger.run_id).data.metrics
-    for test_set in data.test_sets:
-        key = f"test/{test_set}/bleu"
-        if key not in logged or abs(logged[key] - float(metrics[test_set]["bleu"])) > 0.01:
+    for evaluated in (gate_set, *data.test_sets):
+        key = f"{'dev' if evaluated == gate_set else 'test'}/{evaluated}/bleu"
+        if key not in logged or abs(logged[key] - float(scores[evaluated]["bleu"])) > 0.01:
             raise GateError(f"{name} version {challenger.version} (run {challenger.run_id}) logged {key}="
-                            f"{logged.get(key)} but {paths.METRICS} says {metrics[test_set]['bleu']}: "
+                            f"{logged.get(key)} but {paths.METRICS} says {scores[evaluated]['bleu']}: "
                             "the registry and the workspace disagree")
     champion = current_champion(client, name)
     systems = None
+    d = metrics.get(DECODING, {})
+    decoding = {"challenger": _settings(d["beam_size"], d["alpha"])} if "beam_size" in d and "alpha" in d else {}
     if champion is not None and str(champion.version) != str(challenger.version):
-        sources = {t: read_lines(root / paths.corpus_file(t, data.src_lang)) for t in data.test_sets}
-        logger.info("translating %s with the champion, %s version %s", ", ".join(data.test_sets), name,
-                    champion.version)
+        sets = [gate_set, *data.test_sets]
+        sources = {s: read_lines(root / paths.corpus_file(s, data.src_lang)) for s in sets}
+        logger.info("translating %s with the champion, %s version %s", ", ".join(sets), name, champion.version)
         e = params.evaluate
-        champion_hyps = translate_with_version(client, name, str(champion.version), sources, e.beam_size, e.alpha,
-                                               e.max_len_b, e.batch_sentences, getattr(e, "precision", "fp32"),
-                                               tracking_uri=uri)
-        systems = {t: Systems(read_lines(root / paths.corpus_file(t, data.tgt_lang)), champion_hyps[t],
-                              read_lines(root / paths.TRANSLATIONS_DIR / f"{t}.{data.tgt_lang}"))
-                   for t in data.test_sets}
-    decision = promote_if_better(client, name, challenger, champion, systems, primary=data.test_sets[0],
-                                 guarded=flows.guarded_test_sets, significance=flows.significance,
-                                 resamples=flows.bootstrap_resamples,
+        champion_hyps, used = translate_with_version(client, name, str(champion.version), sources, None, None,
+                                                     e.max_len_b, e.batch_sentences, e.precision, tracking_uri=uri)
+        decoding["champion"] = _settings(used["beam_size"], used["alpha"])
+        systems = {s: Systems(read_lines(root / paths.corpus_file(s, data.tgt_lang)), champion_hyps[s],
+                              read_lines(root / paths.TRANSLATIONS_DIR / f"{s}.{data.tgt_lang}"))
+                   for s in sets}
+    decision = promote_if_better(client, name, challenger, champion, systems, gate_set=gate_set,
+                                 significance=flows.significance, resamples=flows.bootstrap_resamples,
                                  extra_tags={**(extra_tags or {}),
-                                             **({"gate.prefect_flow_run_id": flow_run_id} if flow_run_id else {})})
+                                             **({"gate.prefect_flow_run_id": flow_run_id} if flow_run_id else {})},
+                                 decoding=decoding)
     logger.info("%s: %s", decision.verdict, decision.reason)
     return decision
 

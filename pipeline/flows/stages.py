@@ -24,7 +24,7 @@ import yaml
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-STAGES = ("download", "tokenizer", "train", "average", "evaluate")   # the order of dvc.yaml's DAG
+STAGES = ("download", "tokenizer", "train", "average", "tune", "evaluate")   # the order of dvc.yaml's DAG
 USER_ERROR = 2                       # run_stage's exit status for bad params, data or checkpoints
 NETWORK_ERROR = "could not download"  # pipeline.data.fetch.fetch_file, after its own retries
 _EXITED = re.compile(r"exited with (-?\d+)")
@@ -37,6 +37,7 @@ RETRIES: dict[str, tuple[int, list[float]]] = {
     "tokenizer": (1, [10]),
     "train": (2, [30, 120]),
     "average": (1, [10]),
+    "tune": (1, [30]),
     "evaluate": (1, [30]),
     "experiment": (1, [30]),
     "dvc add": (1, [10]),

@@ -1,9 +1,18 @@
-"""DVC stage 5: translate every configured test set with beam search (§6.1) and score it
-with sacrebleu (detokenized BLEU and chrF, with their signatures); draw attention maps."""
+"""DVC stage 6: translate every configured test set and the validation set with beam search
+(§6.1) and score them with sacrebleu (detokenized BLEU and chrF, with their signatures); draw
+attention maps.
+
+Beam size and alpha are ``evaluate.beam_size`` / ``evaluate.alpha`` where set, else the tune
+stage's choice on the validation set (``reports/tune.json``); ``reports/metrics.json`` records
+which (``decoding``). The validation set's translations (``reports/translations/<valid_set>.*``,
+copied from the tune stage when it decoded the whole set with the same settings) are what the
+promotion gate judges; the test sets' are only reported.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -14,21 +23,33 @@ import torch
 from pipeline import paths, tracking
 from pipeline.attention_plots import plot_attention
 from pipeline.io import read_lines, write_json, write_lines
-from pipeline.params import Params, ParamsError, load_params, run_stage
+from pipeline.params import Decoding, Params, ParamsError, decoding_settings, load_params, run_stage
 from pipeline.translation import Translator
-from transformer.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
+from transformer.checkpoint import CheckpointError, file_sha256, load_checkpoint, model_from_checkpoint
+from transformer.model import Transformer
 from transformer.precision import default_device
 from transformer.search import attention_weights
-from transformer.tokenizer import open_tokenizer
+from transformer.tokenizer import Tokenizer, open_tokenizer
+
+DEV, DECODING = "dev", "decoding"   # metrics.json keys beside the test sets'
+TUNE_DIR = paths.REPORTS_DIR / "tune"          # the tune stage's chosen validation translations + run.json
+TUNE_RUN = TUNE_DIR / "run.json"
 
 
 def score(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
-    """Corpus BLEU and chrF of detokenized text, sacrebleu's defaults (13a tokenization, cased)."""
+    """Corpus BLEU and chrF of detokenized text, sacrebleu's defaults (13a tokenization, cased),
+    and the hypothesis/reference length ratio (below 1: the brevity penalty bites)."""
     bleu, chrf = sacrebleu.BLEU(), sacrebleu.CHRF()
     b = bleu.corpus_score(hypotheses, [references])
     c = chrf.corpus_score(hypotheses, [references])
     return {"bleu": round(b.score, 2), "chrf": round(c.score, 2),
+            "length_ratio": round(b.sys_len / b.ref_len, 3) if b.ref_len else 0.0,
             "signature": str(bleu.get_signature()), "chrf_signature": str(chrf.get_signature())}
+
+
+def scores_of_test_sets(metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The test sets' entries of ``reports/metrics.json`` (without ``dev`` and ``decoding``)."""
+    return {k: v for k, v in metrics.items() if k not in (DEV, DECODING)}
 
 
 def load_averaged() -> dict[str, Any]:
@@ -39,7 +60,8 @@ def load_averaged() -> dict[str, Any]:
     return load_checkpoint(paths.AVERAGED_MODEL)
 
 
-def load_translator(params: Params, checkpoint: dict[str, Any], device: torch.device | None = None) -> Translator:
+def load_model_and_tokenizer(checkpoint: dict[str, Any],
+                             device: torch.device | None = None) -> tuple[Transformer, Tokenizer]:
     model = model_from_checkpoint(checkpoint, str(paths.AVERAGED_MODEL)).to(device or default_device())
     try:
         tokenizer = open_tokenizer(paths.TOKENIZER_MODEL)
@@ -49,8 +71,26 @@ def load_translator(params: Params, checkpoint: dict[str, Any], device: torch.de
         raise CheckpointError(f"{paths.AVERAGED_MODEL} has a vocabulary of {model.config.vocab_size} but "
                               f"{paths.TOKENIZER_MODEL} has {tokenizer.vocab_size} pieces: the model was trained "
                               "with another tokenizer; rerun the pipeline (dvc repro)")
+    return model, tokenizer
+
+
+def load_translator(params: Params, checkpoint: dict[str, Any], beam_size: int, alpha: float,
+                    device: torch.device | None = None) -> Translator:
+    """The averaged model and its tokenizer with ``evaluate``'s length limit, batch and precision."""
+    model, tokenizer = load_model_and_tokenizer(checkpoint, device)
     e = params.evaluate
-    return Translator(model, tokenizer, e.beam_size, e.alpha, e.max_len_b, e.batch_sentences, e.precision)
+    return Translator(model, tokenizer, beam_size, alpha, e.max_len_b, e.batch_sentences, e.precision)
+
+
+def split_files(split: str, key: str, params: Params) -> tuple[Path, Path]:
+    """The source and reference files of ``split`` (a ParamsError naming ``key`` when missing)."""
+    data = params.data
+    files = paths.corpus_file(split, data.src_lang), paths.corpus_file(split, data.tgt_lang)
+    for f in files:
+        if not f.is_file():
+            label = "test set" if key == "data.test_sets" else "validation set"
+            raise ParamsError(f"{label} {split}: {f} does not exist ({key})")
+    return files
 
 
 def draw_attention(translator: Translator, sources: list[str], count: int,
@@ -69,17 +109,43 @@ def draw_attention(translator: Translator, sources: list[str], count: int,
     return written
 
 
-def evaluate(params: Params) -> dict[str, dict[str, Any]]:
+def tune_record() -> dict[str, Any]:
+    """``reports/tune/run.json``: what the tune stage decoded (model hash, settings, sentences) and
+    the MLflow run it logged into; {} when there is none."""
+    try:
+        return json.loads(TUNE_RUN.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def tuned_translations(params: Params, decoding: Decoding, sentences: int, model_sha256: str) -> list[str] | None:
+    """The tune stage's translations of the validation set when they are exactly what this stage
+    would decode (same model, whole set, same settings); else None."""
+    record, e = tune_record(), params.evaluate
+    wanted = {"model_sha256": model_sha256, "valid_set": params.data.valid_set, "sentences": sentences,
+              "beam_size": decoding.beam_size, "alpha": decoding.alpha, "max_len_b": e.max_len_b,
+              "batch_sentences": e.batch_sentences, "precision": e.precision}
+    if any(record.get(k) != v for k, v in wanted.items()):
+        return None
+    file = TUNE_DIR / f"{params.data.valid_set}.{params.data.tgt_lang}"
+    lines = read_lines(file) if file.is_file() else []
+    return lines if len(lines) == sentences else None
+
+
+def evaluate(params: Params) -> dict[str, Any]:
     start_all = time.monotonic()
+    data, e = params.data, params.evaluate
     checkpoint = load_averaged()
-    translator = load_translator(params, checkpoint)
-    data = params.data
-    metrics: dict[str, dict[str, Any]] = {}
-    for test_set in data.test_sets:
-        src_file, ref_file = paths.corpus_file(test_set, data.src_lang), paths.corpus_file(test_set, data.tgt_lang)
-        for f in (src_file, ref_file):
-            if not f.is_file():
-                raise ParamsError(f"test set {test_set}: {f} does not exist (data.test_sets)")
+    model, tokenizer = load_model_and_tokenizer(checkpoint)
+    test_files = {t: split_files(t, "data.test_sets", params) for t in data.test_sets}
+    valid_files = split_files(data.valid_set, "data.valid_set", params)
+    decoding = decoding_settings(e)
+    print(f"decoding: beam {decoding.beam_size} ({decoding.beam_size_from}), alpha {decoding.alpha:g} "
+          f"({decoding.alpha_from})", flush=True)
+    translator = Translator(model, tokenizer, decoding.beam_size, decoding.alpha, e.max_len_b, e.batch_sentences,
+                            e.precision)
+    metrics: dict[str, Any] = {}
+    for test_set, (src_file, ref_file) in test_files.items():
         sources, references = read_lines(src_file), read_lines(ref_file)
         start = time.monotonic()
         hypotheses = translator.translate(sources)
@@ -89,33 +155,65 @@ def evaluate(params: Params) -> dict[str, dict[str, Any]]:
                              "decode_seconds": round(seconds, 1)}
         print(f"{test_set}: BLEU {metrics[test_set]['bleu']:.2f}  chrF {metrics[test_set]['chrf']:.2f}  "
               f"({len(sources)} sentences, {seconds:.0f} s)  {metrics[test_set]['signature']}", flush=True)
-        if test_set == data.test_sets[0] and params.evaluate.attention_sentences:
-            draw_attention(translator, sources, params.evaluate.attention_sentences,
-                           paths.ATTENTION_DIR)
+        if test_set == data.test_sets[0] and e.attention_sentences:
+            draw_attention(translator, sources, e.attention_sentences, paths.ATTENTION_DIR)
+
+    # The validation set: what the promotion gate compares (never a test set).
+    sources, references = read_lines(valid_files[0]), read_lines(valid_files[1])
+    start = time.monotonic()
+    model_sha256 = file_sha256(paths.AVERAGED_MODEL)
+    hypotheses = tuned_translations(params, decoding, len(sources), model_sha256)
+    source = "tune" if hypotheses is not None else "evaluate"
+    if hypotheses is None:
+        hypotheses = translator.translate(sources)
+    seconds = time.monotonic() - start
+    write_lines(paths.TRANSLATIONS_DIR / f"{data.valid_set}.{data.tgt_lang}", hypotheses)
+    scores = score(hypotheses, references)   # the signatures are the test sets'
+    dev = {**{k: scores[k] for k in ("bleu", "chrf", "length_ratio")}, "sentences": len(sources),
+           "decode_seconds": round(seconds, 1), "translated_by": source}
+    metrics[DEV] = {data.valid_set: dev}
+    print(f"{data.valid_set} (validation): BLEU {dev['bleu']:.2f}  chrF {dev['chrf']:.2f}  ({len(sources)} "
+          f"sentences, {'from the tune stage' if source == 'tune' else f'{seconds:.0f} s'})", flush=True)
+    metrics[DECODING] = {**decoding.as_dict(), "max_len_b": e.max_len_b, "precision": e.precision}
     write_json(paths.METRICS, metrics)
-    track(params, metrics, time.monotonic() - start_all,
-          checkpoint.get("callbacks", {}).get(tracking.RUN_ID_KEY))
+
+    record = tune_record()
+    run_id = checkpoint.get("callbacks", {}).get(tracking.RUN_ID_KEY)
+    if record.get("model_sha256") == model_sha256 and record.get("mlflow_run_id"):
+        run_id = record["mlflow_run_id"]   # the run the tune stage logged into (the model's, or its child)
+    track(params, metrics, decoding, time.monotonic() - start_all, run_id)
     return metrics
 
 
-def track(params: Params, metrics: dict[str, dict[str, Any]], seconds: float, run_id: str | None) -> None:
-    """Log scores, attention maps, translations and the registered pyfunc model into the run."""
+def track(params: Params, metrics: dict[str, Any], decoding: Decoding, seconds: float, run_id: str | None) -> None:
+    """Log scores, the decoding settings (tags), attention maps, translations and the registered
+    pyfunc model (whose signature carries the beam size and alpha used) into the run."""
+    from mlflow.entities import RunTag
+
     from pipeline.mlflow_model import log_translator
 
     section = {k: v for k, v in params.flat().items() if k.startswith("evaluate.")}
     run_id = tracking.stage_run(run_id, params.tracking.experiment, section, "evaluate")
     if run_id is None:
         return
+    # The settings used, as tags (decoding.beam_size = 4, decoding.alpha_from = tune): derived from the
+    # params above and tune's choice, which already decide the run.
+    tracking.best_effort("tags", tracking.client().log_batch, run_id,
+                         tags=[RunTag(f"decoding.{k}", str(v)) for k, v in decoding.as_dict().items()])
     values = {"time/evaluate_seconds": seconds}
-    for test_set, m in metrics.items():
+    for test_set, m in scores_of_test_sets(metrics).items():
         values.update({f"test/{test_set}/bleu": m["bleu"], f"test/{test_set}/chrf": m["chrf"]})
+    for dev_set, m in metrics[DEV].items():
+        values.update({f"dev/{dev_set}/bleu": m["bleu"], f"dev/{dev_set}/chrf": m["chrf"]})
+    # What a sweep ranks runs by: val BLEU with the settings this run's model is registered with.
+    values["valid_bleu"] = metrics[DEV][params.data.valid_set]["bleu"]
     tracking.log_metrics(run_id, values)
     tracking.log_artifacts(run_id, [paths.ATTENTION_DIR], "attention")
     tracking.log_artifacts(run_id, [paths.TRANSLATIONS_DIR], "translations")
     tracking.log_artifacts(run_id, [Path("params.yaml"), Path("dvc.lock"), paths.METRICS], "run")
     version = tracking.best_effort("model logging", log_translator, run_id, paths.AVERAGED_MODEL,
-                             paths.TOKENIZER_MODEL, params.tracking.registered_model,
-                             params.evaluate.beam_size, params.evaluate.alpha)
+                                   paths.TOKENIZER_MODEL, params.tracking.registered_model,
+                                   decoding.beam_size, decoding.alpha)
     if version:
         print(f"MLflow: registered model {params.tracking.registered_model!r} version {version} (run {run_id})")
     tracking.finish_run(run_id)

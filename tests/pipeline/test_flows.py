@@ -1,8 +1,8 @@
 """pipeline/flows against Prefect's test harness (a real Prefect API on a temporary database) and
 real MLflow stores: the training flow on the real stages of a tiny config (one pipeline run for
 the module), the first promotion, a fine-tuning retraining from that champion, the promotion gate
-on synthetic translations with real sacrebleu and real registry versions, the served
-deployment's schedule, and a failing stage."""
+on synthetic translations with real sacrebleu and real registry versions (deciding on the
+development set, never on a test set), the served deployment's schedule, and a failing stage."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from pipeline.tracking import CHAMPION_ALIAS
 from .conftest import MIRROR, make_workspace, needs_mirror, tiny_params
 
 FLOWS = {"schedule_cron": "15 4 * * 2", "schedule_timezone": "Europe/Berlin", "deployment_name": "test-retraining",
-         "significance": 0.05, "bootstrap_resamples": 1000, "guarded_test_sets": []}
+         "significance": 0.05, "bootstrap_resamples": 1000, "gate_set": ""}
 MODEL = "test-translator"
 
 
@@ -122,28 +122,42 @@ def test_training_flow_runs_the_stages_and_returns_the_metrics(trained, ws):
 
     metrics = trained.result()
     assert metrics == json.loads((ws / "reports" / "metrics.json").read_text())
-    assert set(metrics) == {"test_2016_flickr"} and 0 <= metrics["test_2016_flickr"]["bleu"] <= 100
+    assert set(metrics) == {"test_2016_flickr", "dev", "decoding"} and 0 <= metrics["test_2016_flickr"]["bleu"] <= 100
+    tuned = json.loads((ws / "reports" / "tune.json").read_text())["chosen"]
+    assert metrics["decoding"]["alpha"] == tuned["alpha"] and metrics["decoding"]["alpha_from"] == "tune"
     (artifact,) = artifacts("training-metrics", trained.state_details.flow_run_id)
-    assert artifact.type == "markdown" and "| test_2016_flickr |" in artifact.data
+    assert artifact.type == "markdown" and "| test_2016_flickr | test |" in artifact.data
+    assert "| val | validation |" in artifact.data and "(params), alpha" in artifact.data
     assert f"{metrics['test_2016_flickr']['bleu']}" in artifact.data
-    # the stages' own output streamed into the task logs
+    # the stages' own output streamed into the task logs, tune between average and evaluate
     logs = run_logs(flow_run_id=trained.state_details.flow_run_id)
     assert "Running stage 'train':" in logs and any(line.startswith("averaged 3 checkpoint(s)") for line in logs)
+    ran = [line for line in logs if line.startswith("Running stage")]
+    assert ran[-2:] == ["Running stage 'tune':", "Running stage 'evaluate':"]
+    assert any(line.startswith("chosen: beam ") for line in logs)
 
 
 @needs_mirror
 def test_a_registered_version_translates_as_the_evaluate_stage_did(trained, ws):
-    """The gate's champion side: the version's own checkpoint and tokenizer, the evaluate settings."""
+    """The gate's champion side: the version's own checkpoint and tokenizer, and its own registered
+    decoding settings (beam 2 from params, alpha from tune) on the validation and test sets."""
+    import json
+
     import mlflow
 
     client = mlflow_client()
     version = client.get_model_version(MODEL, "1")
-    sources = (ws / "data" / "corpus" / "test_2016_flickr.en").read_text().splitlines()
-    got = gate.translate_with_version(client, MODEL, "1", {"test_2016_flickr": sources}, beam_size=2, alpha=0.6,
-                                      max_len_b=8, batch_sentences=250, tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
-    logged = mlflow.artifacts.download_artifacts(run_id=version.run_id, artifact_path="translations/test_2016_flickr.de",
-                                                 tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
-    assert got["test_2016_flickr"] == Path(logged).read_text().splitlines()
+    decoding = json.loads((ws / "reports" / "metrics.json").read_text())["decoding"]
+    sources = {name: (ws / "data" / "corpus" / f"{name}.en").read_text().splitlines()
+               for name in ("val", "test_2016_flickr")}
+    got, used = gate.translate_with_version(client, MODEL, "1", sources, beam_size=None, alpha=None, max_len_b=8,
+                                            batch_sentences=250, tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
+    assert used == {"beam_size": 2, "alpha": decoding["alpha"]}
+    for name in sources:
+        logged = mlflow.artifacts.download_artifacts(run_id=version.run_id, artifact_path=f"translations/{name}.de",
+                                                     tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
+        assert got[name] == Path(logged).read_text().splitlines() == \
+            (ws / "reports" / "translations" / f"{name}.de").read_text().splitlines()
 
 
 @needs_mirror
@@ -293,10 +307,16 @@ def test_finetune_retraining_starts_from_the_champion_with_its_tokenizer(first_r
             in logs[0]
         assert any(line.startswith(f"initialised from {plan['init_from']} (sha256 {sha[:12]})") for line in logs)
 
-        # The gate ran: the challenger against the champion on the test set.
-        assert summary["verdict"] in ("promoted", "rejected") and summary["comparisons"]
+        # The gate ran: the challenger against the champion, decided on the validation set, the
+        # test set compared and reported.
+        assert summary["verdict"] in ("promoted", "rejected")
+        assert [(c["set"], c["decides"]) for c in summary["comparisons"]] == [("val", True),
+                                                                              ("test_2016_flickr", False)]
+        assert summary["gate_set"] == "val" and " on val, p=" in summary["reason"]
         assert summary["champion_version"] == str(champion.version) != summary["challenger_version"]
-        assert run.data.tags["gate.decision"] == summary["verdict"]
+        assert run.data.tags["gate.decision"] == summary["verdict"] and run.data.tags["gate.gate_set"] == "val"
+        assert run.data.tags["gate.reported_sets"] == '["test_2016_flickr"]'
+        assert run.data.tags["gate.champion_decoding"].startswith("beam 2, alpha ")
         (artifact,) = artifacts("promotion-gate", state.state_details.flow_run_id)
         assert "mode: **finetune**" in artifact.data and f"champion version {champion.version}" in artifact.data
     finally:
@@ -361,22 +381,23 @@ def noisy(references: list[str], rate: float, seed: int) -> list[str]:
     return [" ".join(w if rng.random() > rate else f"x{rng.randrange(1000)}" for w in s.split()) for s in references]
 
 
-REFS = {"main": corpus(1), "guard": corpus(2)}
+REFS = {"main": corpus(1), "test": corpus(2)}
 CHAMPION = {name: noisy(refs, 0.5, 10) for name, refs in REFS.items()}
 
 
-def judge(client, challenger: str, hyps: dict[str, list[str]], guarded=()):
+def judge(client, challenger: str, hyps: dict[str, list[str]]):
+    """The gate with "main" as the gate set (a development set) and "test" as a reported test set."""
     champion = gate.current_champion(client, MODEL)
     systems = {name: Systems(REFS[name], CHAMPION[name], hyps[name]) for name in REFS}
     return promote_if_better(client, MODEL, client.get_model_version(MODEL, challenger), champion, systems,
-                             primary="main", guarded=list(guarded), significance=0.05, resamples=1000)
+                             gate_set="main", significance=0.05, resamples=1000)
 
 
 def test_gate_promotes_better_rejects_worse_keeps_champion_on_tie(registry):
     client, new_version = registry
     first = new_version()
     decision = promote_if_better(client, MODEL, client.get_model_version(MODEL, first), None, None,
-                                 primary="main", guarded=[], significance=0.05, resamples=1000)
+                                 gate_set="main", significance=0.05, resamples=1000)
     assert decision.verdict == "first-model"
     assert str(client.get_model_version_by_alias(MODEL, CHAMPION_ALIAS).version) == first
 
@@ -406,26 +427,44 @@ def test_gate_promotes_better_rejects_worse_keeps_champion_on_tie(registry):
     assert tags["gate.main.p_value"] == "1.0000" and tags["gate.main.champion_bleu"] == tags["gate.main.challenger_bleu"]
 
 
-def test_gate_rejects_a_challenger_worse_on_a_guarded_set_and_a_small_gain(registry):
+def test_a_challenger_better_on_test_but_not_on_the_development_set_is_not_promoted(registry):
+    """Held-out means held out: the gate set decides; a test set is compared and reported, never read
+    by the decision, whichever way it points."""
     client, new_version = registry
     champion = new_version()
     client.set_registered_model_alias(MODEL, CHAMPION_ALIAS, champion)
-    guarded_loss = new_version()
-    decision = judge(client, guarded_loss, {"main": noisy(REFS["main"], 0.3, 40), "guard": noisy(REFS["guard"], 0.7, 41)},
-                     guarded=["guard"])
-    assert decision.verdict == "rejected" and "guarded guard" in decision.reason
+    test_winner = new_version()
+    decision = judge(client, test_winner, {"main": noisy(REFS["main"], 0.5, 40),     # the champion's quality on dev
+                                           "test": noisy(REFS["test"], 0.2, 41)})  # far better on the test set
+    by_set = {c.test_set: c for c in decision.comparisons}
+    assert by_set["test"].better(0.05) and not by_set["main"].better(0.05)
+    assert decision.verdict == "rejected" and "on main" in decision.reason and "on test" not in decision.reason
     assert str(client.get_model_version_by_alias(MODEL, CHAMPION_ALIAS).version) == champion
-    # without the guard the same challenger would have won
-    assert judge(client, guarded_loss, {"main": noisy(REFS["main"], 0.3, 40),
-                                        "guard": noisy(REFS["guard"], 0.7, 41)}).verdict == "promoted"
+    tags = client.get_run(client.get_model_version(MODEL, test_winner).run_id).data.tags
+    assert tags["gate.decision"] == "rejected" and tags["gate.gate_set"] == "main"
+    assert tags["gate.reported_sets"] == '["test"]' and float(tags["gate.test.p_value"]) < 0.05
+    assert "| main | decides |" in decision.markdown() and "| test | reported |" in decision.markdown()
+
+    # the other way round: better on the development set, worse on the test set: promoted
+    dev_winner = new_version()
+    decision = judge(client, dev_winner, {"main": noisy(REFS["main"], 0.3, 42), "test": noisy(REFS["test"], 0.7, 43)})
+    assert {c.test_set: c for c in decision.comparisons}["test"].worse(0.05)
+    assert decision.verdict == "promoted", decision.reason
+    assert str(client.get_model_version_by_alias(MODEL, CHAMPION_ALIAS).version) == dev_winner
+
     # a different sample of the champion's own quality is no evidence of a better model
-    client.set_registered_model_alias(MODEL, CHAMPION_ALIAS, champion)
     same_quality = new_version()
     decision = judge(client, same_quality, {name: noisy(refs, 0.5, 50) for name, refs in REFS.items()})
     assert decision.verdict == "rejected"
-    assert str(client.get_model_version_by_alias(MODEL, CHAMPION_ALIAS).version) == champion
+    assert str(client.get_model_version_by_alias(MODEL, CHAMPION_ALIAS).version) == dev_winner
+    # no translations of the gate set: nothing is judged
+    with pytest.raises(gate.GateError, match="gate set main"):
+        promote_if_better(client, MODEL, client.get_model_version(MODEL, new_version()),
+                          gate.current_champion(client, MODEL), {"test": Systems(REFS["test"], CHAMPION["test"],
+                                                                                  CHAMPION["test"])},
+                          gate_set="main", significance=0.05, resamples=1000)
     # the champion against itself: nothing recorded, nothing moved
-    assert judge(client, champion, dict(CHAMPION)).verdict == "unchanged"
+    assert judge(client, dev_winner, dict(CHAMPION)).verdict == "unchanged"
 
 
 def test_gate_refuses_partial_runs(registry):
@@ -509,7 +548,8 @@ def test_the_server_scheduler_turns_the_schedule_into_runs(prefect_api, tmp_path
     ({"significance": 1.5}, "significance must be in"),
     ({"bootstrap_resamples": 10}, "too few for significance"),
     ({"retrain_mode": "continue"}, "flows.retrain_mode must be one of scratch, finetune, got 'continue'"),
-    ({"guarded_test_sets": ["test_2017_flickr"]}, "flows.guarded_test_sets: 'test_2017_flickr' is not in data.test_sets"),
+    ({"gate_set": "test_2016_flickr"}, "flows.gate_set 'test_2016_flickr' is a test set"),
+    ({"guarded_test_sets": []}, "flows.guarded_test_sets was removed: test sets report, they never decide"),
     ({"colour": "blue"}, "unknown key flows.colour"),
 ])
 def test_bad_flows_params_name_the_key(flows, message, tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from pipeline.params import ParamsError, load_params
+from pipeline.params import EvaluateParams, ParamsError, decoding_settings, load_params
 from transformer.trainer import TrainConfig
 
 from .conftest import REPO
@@ -29,7 +29,7 @@ def test_the_shipped_params_load_into_typed_configs():
 
 
 def test_recipes_load():
-    for recipe in sorted((REPO / "params").glob("*.yaml")):
+    for recipe in sorted((REPO / "params").glob("wmt14_*.yaml")):   # params/sweep.yaml is a sweep, not a recipe
         params = load_params(recipe)
         assert params.data.dataset.startswith("wmt14")
         assert params.model.preset in ("base", "big")
@@ -75,6 +75,23 @@ BAD = [
     (setter("evaluate", "beam_size", 0), "evaluate.beam_size must be positive, got 0"),
     (setter("evaluate", "alpha", -0.1), "evaluate.alpha must be >= 0, got -0.1"),
     (setter("evaluate", "precision", "int8"), "evaluate.precision must be fp32 or bf16, got 'int8'"),
+    (setter("evaluate", "alpha", "long"), "params.yaml: evaluate.alpha must be a number, got 'long'"),
+    (setter("tune", "alphas", []), "params.yaml: tune.alphas must list at least one value"),
+    (setter("tune", "alphas", [0.6, -1]), "params.yaml: tune.alphas must be >= 0, got [0.6, -1.0]"),
+    (setter("tune", "alphas", 0.6), "params.yaml: tune.alphas must be a list, got 0.6"),
+    (setter("tune", "beam_sizes", [4, 0]), "params.yaml: tune.beam_sizes must be positive, got [4, 0]"),
+    (setter("tune", "beam_sizes", [4, 4]), "params.yaml: tune.beam_sizes lists a value twice: [4, 4]"),
+    (setter("tune", "beam_sizes", [4.5]), "params.yaml: tune.beam_sizes[0] must be an integer, got 4.5"),
+    (setter("tune", "max_sentences", -1), "params.yaml: tune.max_sentences must be >= 0 (0 = all), got -1"),
+    (setter("tune", "metric", "chrf"), "params.yaml: unknown key tune.metric"),
+    (setter("data", "valid_set", "test_2016_flickr"),
+     "params.yaml: data.valid_set 'test_2016_flickr' is also in data.test_sets: the validation set chooses"),
+    (setter("flows", "gate_set", "test_2016_flickr"),
+     "params.yaml: flows.gate_set 'test_2016_flickr' is a test set (data.test_sets): test sets report, they never "
+     "decide"),
+    (setter("flows", "gate_set", "test_2017_flickr"),
+     "params.yaml: flows.gate_set 'test_2017_flickr' is not data.valid_set ('val')"),
+    (setter("flows", "guarded_test_sets", []), "params.yaml: flows.guarded_test_sets was removed: test sets report"),
     (setter("tracking", "experiment", " "), "tracking.experiment must not be empty"),
     (setter("train", "init_from", "models/init/v1/model.pt"),
      "params.yaml: train.init_from models/init/v1/model.pt does not exist in "),
@@ -129,3 +146,36 @@ def test_init_files_are_relative_to_the_params_file(tmp_path, monkeypatch):
     assert params.train.init_from == "models/init/v1/model.pt" and params.flows.retrain_mode == "finetune"
     assert params.tokenizer.model_from == "models/init/v1/spm.model"
     assert params.flat()["train.init_from"] == "models/init/v1/model.pt"
+
+
+def test_decoding_comes_from_tune_unless_params_set_it(tmp_path):
+    """evaluate.beam_size / evaluate.alpha null: the tune stage's choice; a value wins, key by key;
+    the source of each is recorded."""
+    params = load_params(REPO / "params.yaml")
+    assert (params.evaluate.beam_size, params.evaluate.alpha) == (None, None)   # the shipped default: tune decides
+    assert params.gate_set == params.data.valid_set == "val"
+    report = tmp_path / "tune.json"
+    report.write_text('{"chosen": {"beam_size": 4, "alpha": 1.5, "bleu": 39.1}}')
+    d = decoding_settings(EvaluateParams(), report)
+    assert (d.beam_size, d.alpha, d.beam_size_from, d.alpha_from) == (4, 1.5, "tune", "tune")
+    d = decoding_settings(EvaluateParams(beam_size=1), report)
+    assert (d.beam_size, d.alpha, d.beam_size_from, d.alpha_from) == (1, 1.5, "params", "tune")
+    d = decoding_settings(EvaluateParams(beam_size=5, alpha=0.6), tmp_path / "missing.json")   # not read
+    assert d.as_dict() == {"beam_size": 5, "alpha": 0.6, "beam_size_from": "params", "alpha_from": "params"}
+    with pytest.raises(ParamsError, match="missing.json does not exist: evaluate.alpha null means the tune stage's"):
+        decoding_settings(EvaluateParams(beam_size=5), tmp_path / "missing.json")
+    report.write_text('{"chosen": {"beam_size": 0, "alpha": 1.5}}')
+    with pytest.raises(ParamsError, match="holds no valid choice"):
+        decoding_settings(EvaluateParams(), report)
+
+
+def test_explicit_decoding_and_gate_set_load(tmp_path):
+    def edit(p):
+        p["evaluate"].update(beam_size=5, alpha=1)
+        p["flows"]["gate_set"] = "val"
+        p["tune"].update(beam_sizes=[1, 4], alphas=[0, 1.5], max_sentences=200)
+
+    params = load_params(write(tmp_path, edit))
+    assert (params.evaluate.beam_size, params.evaluate.alpha) == (5, 1.0) and isinstance(params.evaluate.alpha, float)
+    assert params.gate_set == "val" and params.tune.alphas == [0.0, 1.5] and params.tune.max_sentences == 200
+    assert params.flat()["tune.beam_sizes"] == [1, 4]

@@ -1,4 +1,5 @@
-"""pipeline/stages/evaluate.py: sacrebleu scores with signatures, translations, attention heatmaps."""
+"""pipeline/stages/evaluate.py: sacrebleu scores with signatures, translations, attention heatmaps,
+the decoding settings used and where they came from, the validation translations the gate judges."""
 
 import json
 
@@ -8,7 +9,7 @@ import sacrebleu
 
 def test_metrics_match_sacrebleu_on_the_written_translations(workspace):
     metrics = json.loads((workspace.path / "reports/metrics.json").read_text())
-    assert list(metrics) == ["test_2016_flickr"]
+    assert [k for k in metrics if k not in ("dev", "decoding")] == ["test_2016_flickr"]
     m = metrics["test_2016_flickr"]
     hyps = (workspace.path / "reports/translations/test_2016_flickr.de").read_text().splitlines()
     refs = (workspace.path / "data/corpus/test_2016_flickr.de").read_text().splitlines()
@@ -27,3 +28,31 @@ def test_attention_heatmaps_for_every_kind_and_layer(workspace):
         f"{kind}_layer{i}.png" for kind in ("encoder", "decoder_self", "cross") for i in (1, 2)}
     image = mpimg.imread(pngs[0])
     assert image.ndim == 3 and image.shape[0] > 50 and image.shape[1] > 50
+
+
+def first_run_metrics(workspace) -> dict:
+    """reports/metrics.json of the session's first `dvc repro` (committed; later experiments change the file)."""
+    shown = workspace.run("git", "show", "HEAD:reports/metrics.json")
+    assert shown.returncode == 0, shown.stderr
+    return json.loads(shown.stdout)
+
+
+def test_decoding_settings_and_their_sources_are_recorded(workspace):
+    """The tiny params set evaluate.beam_size (2) and leave evaluate.alpha null: beam from params,
+    alpha from the tune stage's choice on the validation set."""
+    metrics = first_run_metrics(workspace)
+    tuned = json.loads((workspace.path / "reports/tune.json").read_text())["chosen"]
+    assert metrics["decoding"] == {"beam_size": 2, "beam_size_from": "params", "alpha": tuned["alpha"],
+                                   "alpha_from": "tune", "max_len_b": 8, "precision": "fp32"}
+
+
+def test_validation_translations_for_the_gate(workspace):
+    """The validation set, translated with the settings used on the test sets (here not tune's beam 4,
+    so decoded by evaluate), is scored under "dev", never among the test sets."""
+    metrics = json.loads((workspace.path / "reports/metrics.json").read_text())
+    dev = metrics["dev"]["val"]
+    hyps = (workspace.path / "reports/translations/val.de").read_text().splitlines()
+    refs = (workspace.path / "data/corpus/val.de").read_text().splitlines()
+    assert dev["sentences"] == len(hyps) == len(refs) == 1014 and dev["translated_by"] == "evaluate"
+    assert dev["bleu"] == round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2)
+    assert set(metrics) == {"test_2016_flickr", "dev", "decoding"}

@@ -1,0 +1,109 @@
+"""DVC stage 5: choose the beam size and the length penalty alpha on the validation set (§6.1:
+"chosen after experimentation on the development set"), never on a test set.
+
+Every pair of ``tune.beam_sizes`` x ``tune.alphas`` decodes ``data.valid_set`` (its first
+``tune.max_sentences`` sentences; 0 = all) with evaluate's length limit, batch and precision.
+Greedy search (beam 1) ignores alpha, so beam 1 is decoded once, with the smallest alpha.
+
+The rule: the highest validation BLEU (sacrebleu, to 0.01 as reported); ties go to the smaller
+beam size, then to the smaller alpha (the cheaper search, the milder length bonus).
+
+Writes ``reports/tune.json`` (a DVC metric: the choice, the rule, every grid point's BLEU, chrF,
+length ratio and decoding time), ``reports/tune/<valid_set>.<tgt_lang>`` (the validation
+translations with the chosen settings, which the evaluate stage reuses) and
+``reports/tune/run.json`` (the model's hash, the settings, the MLflow run); logs ``tune.*`` params,
+``valid_bleu`` and the grid as a table into the model's MLflow run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from pipeline import paths, tracking
+from pipeline.io import read_lines, write_json, write_lines
+from pipeline.params import TUNE_REPORT, Params, TuneParams, load_params, run_stage
+from pipeline.stages.evaluate import TUNE_DIR, TUNE_RUN, load_averaged, load_model_and_tokenizer, score, split_files
+from pipeline.translation import Translator
+from transformer.checkpoint import file_sha256
+
+RULE = "highest validation BLEU; ties: the smaller beam size, then the smaller alpha"
+
+
+def grid(tune: TuneParams) -> list[tuple[int, float]]:
+    """Every (beam size, alpha) pair, ascending; beam 1 (greedy, alpha has no effect) once."""
+    alphas = sorted(tune.alphas)
+    return [(beam, alpha) for beam in sorted(tune.beam_sizes) for alpha in (alphas[:1] if beam == 1 else alphas)]
+
+
+def choose(points: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rule: the highest BLEU (to 0.01); ties go to the smaller beam size, then the smaller alpha."""
+    return min(points, key=lambda p: (-round(p["bleu"], 2), p["beam_size"], p["alpha"]))
+
+
+def search(translator: Translator, sources: list[str], references: list[str],
+           pairs: list[tuple[int, float]]) -> tuple[list[dict[str, Any]], dict[tuple[int, float], list[str]]]:
+    """Decode ``sources`` at every grid point; returns the points' scores and their translations."""
+    points, outputs = [], {}
+    for beam_size, alpha in pairs:
+        translator.beam_size, translator.alpha = beam_size, alpha
+        start = time.monotonic()
+        hypotheses = translator.translate(sources)
+        seconds = time.monotonic() - start
+        s = score(hypotheses, references)
+        points.append({"beam_size": beam_size, "alpha": alpha, "bleu": s["bleu"], "chrf": s["chrf"],
+                       "length_ratio": s["length_ratio"], "seconds": round(seconds, 1)})
+        outputs[(beam_size, alpha)] = hypotheses
+        print(f"beam {beam_size}  alpha {alpha:<4g}  BLEU {s['bleu']:6.2f}  chrF {s['chrf']:6.2f}  "
+              f"length ratio {s['length_ratio']:.3f}  ({seconds:.1f} s)", flush=True)
+    return points, outputs
+
+
+def tune(params: Params) -> dict[str, Any]:
+    start_all = time.monotonic()
+    data, e, t = params.data, params.evaluate, params.tune
+    checkpoint = load_averaged()
+    model, tokenizer = load_model_and_tokenizer(checkpoint)
+    src_file, ref_file = split_files(data.valid_set, "data.valid_set", params)
+    sources, references = read_lines(src_file), read_lines(ref_file)
+    if t.max_sentences:
+        sources, references = sources[:t.max_sentences], references[:t.max_sentences]
+    translator = Translator(model, tokenizer, 1, 0.0, e.max_len_b, e.batch_sentences, e.precision)
+    pairs = grid(t)
+    print(f"tuning on {data.valid_set} ({len(sources)} sentences): beam sizes {sorted(t.beam_sizes)} x alphas "
+          f"{sorted(t.alphas)}, {len(pairs)} decodes", flush=True)
+    points, outputs = search(translator, sources, references, pairs)
+    chosen = choose(points)
+    seconds = time.monotonic() - start_all
+    best = outputs[(chosen["beam_size"], chosen["alpha"])]
+    signature = score(best, references)["signature"]
+    report = {"valid_set": data.valid_set, "sentences": len(sources), "rule": RULE,
+              "chosen": {k: chosen[k] for k in ("beam_size", "alpha", "bleu", "chrf", "length_ratio")},
+              "seconds": round(seconds, 1), "signature": signature, "grid": points}
+    write_lines(TUNE_DIR / f"{data.valid_set}.{data.tgt_lang}", best)
+
+    section = {k: v for k, v in params.flat().items() if k.startswith("tune.")}
+    section.update({"tune.chosen_beam_size": chosen["beam_size"], "tune.chosen_alpha": chosen["alpha"]})
+    run_id = tracking.stage_run(checkpoint.get("callbacks", {}).get(tracking.RUN_ID_KEY),
+                                params.tracking.experiment, section, "tune")
+    write_json(TUNE_REPORT, report)
+    write_json(TUNE_RUN, {"model_sha256": file_sha256(paths.AVERAGED_MODEL), "mlflow_run_id": run_id or "",
+                          "valid_set": data.valid_set, "sentences": len(sources), "beam_size": chosen["beam_size"],
+                          "alpha": chosen["alpha"], "max_len_b": e.max_len_b, "batch_sentences": e.batch_sentences,
+                          "precision": e.precision})
+    print(f"chosen: beam {chosen['beam_size']}, alpha {chosen['alpha']:g} (BLEU {chosen['bleu']:.2f} on "
+          f"{data.valid_set}; {RULE}) in {seconds:.0f} s", flush=True)
+    tracking.log_tune(run_id, report, TUNE_REPORT, seconds)
+    if run_id and run_id != checkpoint.get("callbacks", {}).get(tracking.RUN_ID_KEY):
+        tracking.finish_run(run_id)   # a child run of its own (tune params changed); evaluate logs into it too
+    return report
+
+
+def main() -> None:
+    argparse.ArgumentParser(description=__doc__).parse_args()
+    tune(load_params())
+
+
+if __name__ == "__main__":
+    run_stage(main)

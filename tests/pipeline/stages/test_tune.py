@@ -1,0 +1,63 @@
+"""pipeline/stages/tune.py: beam size and alpha chosen on the validation set by the documented rule;
+the report, the chosen translations and the MLflow record (params, valid_bleu, the grid table)."""
+
+from __future__ import annotations
+
+import json
+
+import mlflow
+import pytest
+import sacrebleu
+from mlflow.tracking import MlflowClient
+
+from pipeline.params import TuneParams
+from pipeline.stages.tune import RULE, choose, grid
+
+
+def test_grid_is_every_pair_ascending_and_greedy_once():
+    assert grid(TuneParams(beam_sizes=[4, 1], alphas=[1.0, 0.6])) == [(1, 0.6), (4, 0.6), (4, 1.0)]
+    assert grid(TuneParams(beam_sizes=[4], alphas=[0.6, 1.0, 1.5, 2.0, 2.5])) == [
+        (4, 0.6), (4, 1.0), (4, 1.5), (4, 2.0), (4, 2.5)]
+
+
+def point(beam_size, alpha, bleu):
+    return {"beam_size": beam_size, "alpha": alpha, "bleu": bleu}
+
+
+def test_rule_highest_bleu_then_smaller_beam_then_smaller_alpha():
+    assert choose([point(4, 0.6, 30.0), point(4, 1.5, 31.2), point(4, 2.0, 31.0)]) == point(4, 1.5, 31.2)
+    # ties (to 0.01): the smaller beam, then the smaller alpha
+    assert choose([point(5, 0.6, 31.2), point(4, 2.0, 31.2), point(4, 1.0, 31.2)]) == point(4, 1.0, 31.2)
+    assert choose([point(4, 1.0, 31.204), point(4, 0.6, 31.196)]) == point(4, 0.6, 31.196)
+    assert "ties" in RULE
+
+
+def test_report_chosen_translations_and_run_record(workspace):
+    report = json.loads((workspace.path / "reports/tune.json").read_text())
+    assert report["valid_set"] == "val" and report["sentences"] == 1014 and report["rule"] == RULE
+    # the default grid of params.yaml, every point scored and timed
+    assert [(p["beam_size"], p["alpha"]) for p in report["grid"]] == [(4, a) for a in (0.6, 1.0, 1.5, 2.0, 2.5)]
+    assert all({"bleu", "chrf", "length_ratio", "seconds"} <= set(p) for p in report["grid"])
+    chosen = choose(report["grid"])
+    assert report["chosen"] == {k: chosen[k] for k in ("beam_size", "alpha", "bleu", "chrf", "length_ratio")}
+    # the validation translations with the chosen settings, scored as reported
+    hyps = (workspace.path / "reports/tune/val.de").read_text().splitlines()
+    refs = (workspace.path / "data/corpus/val.de").read_text().splitlines()
+    assert len(hyps) == len(refs) == 1014
+    assert round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2) == chosen["bleu"]
+    run = json.loads((workspace.path / "reports/tune/run.json").read_text())
+    assert (run["beam_size"], run["alpha"], run["sentences"]) == (chosen["beam_size"], chosen["alpha"], 1014)
+
+    client = MlflowClient(workspace.tracking_uri, workspace.tracking_uri)
+    logged = client.get_run(run["mlflow_run_id"])
+    assert logged.data.params["tune.alphas"] == "[0.6, 1.0, 1.5, 2.0, 2.5]"
+    assert logged.data.params["tune.chosen_beam_size"] == str(chosen["beam_size"])
+    assert logged.data.params["tune.chosen_alpha"] == str(chosen["alpha"])
+    # valid_bleu: tune logs the chosen setting's; evaluate (beam 2 from params here) logs its own after it
+    history = [m.value for m in sorted(client.get_metric_history(logged.info.run_id, "valid_bleu"),
+                                       key=lambda m: m.timestamp)]
+    assert history[0] == chosen["bleu"] and logged.data.metrics["time/tune_seconds"] > 0
+    mlflow.set_tracking_uri(workspace.tracking_uri)   # load_table searches the runs through the global store
+    table = client.load_table(logged.info.experiment_id, "tune/grid.json", run_ids=[logged.info.run_id])
+    assert list(table["alpha"]) == pytest.approx([0.6, 1.0, 1.5, 2.0, 2.5])
+    assert list(table["bleu"]) == pytest.approx([p["bleu"] for p in report["grid"]])
