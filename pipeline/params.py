@@ -104,7 +104,16 @@ class ModelParams:
         try:
             return build_config(self.preset, vocab_size, **self.overrides)
         except ConfigError as err:
-            raise ParamsError(f"params.yaml: {err}") from None
+            raise ParamsError(f"params.yaml: {model_key_message(err)}") from None
+
+
+def model_key_message(err: ConfigError) -> str:
+    """The package's message with its field names (``ModelConfig.d_model``, ``preset``) given as the
+    params.yaml keys of the model section (``model.d_model``, ``model.preset``)."""
+    message = str(err).replace("ModelConfig.", "model.")
+    if err.fields and not message.startswith("model.") and message.startswith(err.fields[0]):
+        message = f"model.{message}"
+    return message
 
 
 @dataclass(frozen=True)
