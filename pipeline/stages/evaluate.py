@@ -145,6 +145,7 @@ def evaluate(params: Params) -> dict[str, Any]:
     translator = Translator(model, tokenizer, decoding.beam_size, decoding.alpha, e.max_len_b, e.batch_sentences,
                             e.precision)
     metrics: dict[str, Any] = {}
+    paths.ATTENTION_DIR.mkdir(parents=True, exist_ok=True)   # a DVC output, even with attention_sentences 0
     for test_set, (src_file, ref_file) in test_files.items():
         sources, references = read_lines(src_file), read_lines(ref_file)
         start = time.monotonic()
