@@ -75,20 +75,15 @@ class PrefixCache:
     def length(self) -> int:
         return 0 if self.prefix is None else self.prefix.size(1)
 
-    @property
-    def self_attn(self) -> list["PrefixCache"]:
-        return [self]  # the search reorders each layer's self-attention cache: here, the prefix
-
     def append(self, tokens: Tensor) -> Tensor:
         self.prefix = tokens if self.prefix is None else torch.cat([self.prefix, tokens], dim=1)
         return self.prefix
 
-    def reorder(self, index: Tensor, memory_index: Tensor | None = None) -> None:
-        self.prefix = self.prefix.index_select(0, index)  # memory is passed anew at every step
-
 
 class NaiveDecoder(nn.Module):
-    """``model`` with a cache-free ``decode``: each step re-runs the decoder on the whole prefix."""
+    """``model`` with a cache-free ``decode``: each step re-runs the decoder on the whole prefix.
+
+    It keeps ``Transformer``'s decoding contract (what the search calls), on a ``PrefixCache``."""
 
     def __init__(self, model: Transformer) -> None:
         super().__init__()
@@ -102,6 +97,16 @@ class NaiveDecoder(nn.Module):
 
     def decode(self, tgt: Tensor, memory: Tensor, src_mask: Tensor, cache: PrefixCache) -> Tensor:
         return self.model.decode(cache.append(tgt), memory, src_mask)[:, -1:]
+
+    def decode_step(self, tokens: Tensor, memory: Tensor, src_mask: Tensor, cache: PrefixCache) -> Tensor:
+        return torch.log_softmax(self.decode(tokens, memory, src_mask, cache)[:, -1].float(), dim=-1)
+
+    def reorder_cache(self, cache: PrefixCache, order: Tensor) -> None:
+        cache.prefix = cache.prefix.index_select(0, order)
+
+    def select_sentences(self, memory: Tensor, src_mask: Tensor, sentences: Tensor,
+                         cache: PrefixCache | None = None) -> tuple[Tensor, Tensor]:
+        return memory[sentences], src_mask[sentences]  # memory is passed anew at every step
 
 
 def train_small(seconds: float, workdir: Path) -> tuple[Transformer, Tokenizer]:

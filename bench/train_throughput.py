@@ -1,17 +1,34 @@
-"""Training throughput: this package against a torch.nn.Transformer reference (fp32, eager).
+"""Training throughput and model FLOPs utilisation: this package against a torch.nn.Transformer reference.
 
-Both train the same shape (d_model 256, 3+3 layers, 4 heads, d_ff 1024, 8000 shared
-vocabulary) on the same synthetic Multi30k-like batches (4096 padded tokens), in interleaved
-rounds; the last line is ``ratio=<ours / reference>`` of the median target tokens per second.
+Both train the same shape on the same synthetic batches, in interleaved rounds:
+
+- ``--preset small`` (default; d_model 256, 3+3 layers, 4 heads, d_ff 1024, 8000 shared vocabulary)
+  on Multi30k-like batches of 4096 padded tokens (about 14 source and 15 target pieces a sentence);
+- ``--preset base`` (Table 3: d_model 512, 6+6 layers, 8 heads, d_ff 2048, 37000 shared BPE
+  vocabulary as for WMT En-De, §5.1) on WMT-like batches of ~25000 padded tokens (§5.1; sentences
+  about twice Multi30k's, ~27 pieces).
+
+On CPU the reference runs in fp32 eager; on CUDA with the same autocast as ours (bf16 by default),
+and with ``--compile`` both models are compiled there (on CPU only ours, as before).
+
+MFU (model FLOPs utilisation) = the matrix-product FLOPs of each step (``step_flops``) per second,
+over the device's dense peak: on CUDA the data-sheet bf16 peak of the GPU (``GPU_PEAK_TFLOPS``,
+measured when the GPU is not in the table), on CPU the matrix-product peak measured in the same
+run (in every round, the best kept) in the training precision. The last lines are ``mfu=<ours>`` and
+``ratio=<ours / reference>`` of the median target tokens per second.
 
     python bench/train_throughput.py [--steps 20] [--rounds 5] [--precision bf16] [--compile]
+                                     [--device cpu|cuda] [--preset small|base] [--max-tokens N]
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import re
+import statistics
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -23,70 +40,197 @@ from transformer.loss import label_smoothed_cross_entropy
 from transformer.precision import autocast
 from transformer.schedule import make_optimizer, make_scheduler
 
-VOCAB, D_MODEL, HEADS, D_FF, LAYERS = 8000, 256, 4, 1024, 3
+
+@dataclass(frozen=True)
+class Shape:
+    """A model shape and the batches it trains on."""
+
+    preset: str
+    vocab: int
+    d_model: int
+    heads: int
+    d_ff: int
+    layers: int
+    max_tokens: int  # padded tokens per batch (the longer side)
+    mean_len: float  # mean source length in pieces
+    n_pairs: int  # synthetic sentence pairs to cut into batches
 
 
-def synthetic_batches(n_pairs: int, max_tokens: int, seed: int = 0) -> list[Batch]:
-    """Pairs with Multi30k's length profile (about 14 source and 15 target pieces)."""
+SHAPES = {
+    "small": Shape("small", 8000, 256, 4, 1024, 3, 4096, 14.0, 4000),
+    "base": Shape("base", 37000, 512, 8, 2048, 6, 25000, 27.0, 80000),
+}
+SMALL = SHAPES["small"]
+CPU = torch.device("cpu")
+VOCAB, D_MODEL, HEADS, D_FF, LAYERS = SMALL.vocab, SMALL.d_model, SMALL.heads, SMALL.d_ff, SMALL.layers
+
+# Dense (no sparsity) bf16 tensor-core peaks from NVIDIA's data sheets, TFLOP/s; first match on
+# torch.cuda.get_device_name() wins. "NVIDIA H100 80GB HBM3" is the SXM part. A GPU not listed
+# (an H100 NVL, say) gets a measured peak instead of a wrong row.
+GPU_PEAK_TFLOPS: tuple[tuple[str, str, float], ...] = (
+    (r"H100.*PCIe", "H100 PCIe", 756.0),
+    (r"H100.*(HBM3|SXM)", "H100 SXM", 989.0),
+    (r"H200(?!.*NVL)", "H200", 989.0),
+    (r"A100", "A100", 312.0),
+    (r"L40S", "L40S", 362.0),
+    (r"\bL4\b", "L4", 121.0),
+)
+
+
+def synthetic_batches(n_pairs: int, max_tokens: int, seed: int = 0, mean_len: float = 14.0,
+                      vocab: int = VOCAB) -> list[Batch]:
+    """Random pairs with a translation length profile: source ~ N(mean_len, 0.36 mean_len) pieces
+    (Multi30k: 14 +- 5), target 1.1 +- 0.15 times longer, cut into length-sorted batches."""
     rng = np.random.default_rng(seed)
-    src_len = np.clip(rng.normal(14, 5, n_pairs).astype(int), 3, 60)
-    tgt_len = np.clip((src_len * rng.normal(1.1, 0.15, n_pairs)).astype(int), 3, 70)
+    scale = mean_len / 14.0
+    src_len = np.clip(rng.normal(mean_len, 5 * scale, n_pairs).astype(int), 3, int(60 * scale))
+    tgt_len = np.clip((src_len * rng.normal(1.1, 0.15, n_pairs)).astype(int), 3, int(70 * scale))
     sampler = TokenBatchSampler(src_len, tgt_len, max_tokens, seed=seed)
     batches = []
     for idx in sampler.batches(0):
         s, t = src_len[idx].max() + 1, tgt_len[idx].max() + 1
-        src = torch.randint(4, VOCAB, (len(idx), s))
-        tgt = torch.randint(4, VOCAB, (len(idx), t + 1))
-        for row, i in enumerate(idx):
-            src[row, src_len[i] + 1:] = PAD_ID
-            tgt[row, tgt_len[i] + 2:] = PAD_ID
+        src = torch.randint(4, vocab, (len(idx), s))
+        tgt = torch.randint(4, vocab, (len(idx), t + 1))
+        # Pad after EOS (source) and after BOS + target + EOS (target), as collate does.
+        src[torch.arange(s)[None, :] > torch.from_numpy(src_len[idx])[:, None]] = PAD_ID
+        tgt[torch.arange(t + 1)[None, :] > torch.from_numpy(tgt_len[idx])[:, None] + 1] = PAD_ID
         batches.append(Batch(src, tgt[:, :-1], tgt[:, 1:]))
     return batches
+
+
+def step_flops(src_len: int, tgt_len: int, rows: int, shape: Shape) -> int:
+    """Matrix-product FLOPs of one training step on a padded (rows x src_len, rows x tgt_len) batch:
+    3x the forward's (the backward computes two products per forward one: input and weight gradients).
+
+    Forward, with B rows, S source and T target positions, d = d_model (§3):
+    encoder layer 8BSd^2 (Q, K, V, output projections) + 4BS^2d (QK^T, weights V) + 4BSd d_ff (§3.3);
+    decoder layer 8BTd^2 + 4BT^2d (self-attention: all T x T scores, as the explicit path computes
+    them) + 4BTd^2 + 4BSd^2 + 4BTSd (encoder-decoder attention) + 4BTd d_ff; output 2BTdV (§3.4).
+    Padding counts: it is work the device does. Elementwise work (softmax, layer norm) is left out.
+    """
+    b, s, t, d = rows, src_len, tgt_len, shape.d_model
+    encoder = 8 * b * s * d * d + 4 * b * s * s * d + 4 * b * s * d * shape.d_ff
+    decoder = (8 * b * t * d * d + 4 * b * t * t * d + 4 * b * t * d * d + 4 * b * s * d * d
+               + 4 * b * t * s * d + 4 * b * t * d * shape.d_ff)
+    return 3 * (shape.layers * (encoder + decoder) + 2 * b * t * d * shape.vocab)
 
 
 class Reference(nn.Module):
     """The reference: torch.nn.Transformer with embeddings, sinusoids and a tied projection."""
 
-    def __init__(self) -> None:
+    def __init__(self, shape: Shape = SMALL) -> None:
         super().__init__()
-        self.embed = nn.Embedding(VOCAB, D_MODEL, padding_idx=PAD_ID)
-        self.core = nn.Transformer(D_MODEL, HEADS, LAYERS, LAYERS, D_FF, dropout=0.1, batch_first=True)
-        self.out = nn.Linear(D_MODEL, VOCAB, bias=False)
+        d = shape.d_model
+        self.d_model = d
+        self.embed = nn.Embedding(shape.vocab, d, padding_idx=PAD_ID)
+        self.core = nn.Transformer(d, shape.heads, shape.layers, shape.layers, shape.d_ff, dropout=0.1,
+                                   batch_first=True)
+        self.out = nn.Linear(d, shape.vocab, bias=False)
         self.out.weight = self.embed.weight
-        pos = torch.arange(512)[:, None] * torch.exp(torch.arange(0, D_MODEL, 2) * (-math.log(1e4) / D_MODEL))
-        pe = torch.zeros(512, D_MODEL)
+        pos = torch.arange(512)[:, None] * torch.exp(torch.arange(0, d, 2) * (-math.log(1e4) / d))
+        pe = torch.zeros(512, d)
         pe[:, 0::2], pe[:, 1::2] = torch.sin(pos), torch.cos(pos)
         self.register_buffer("pe", pe)
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
-        e = lambda x: self.embed(x) * math.sqrt(D_MODEL) + self.pe[: x.size(1)]
-        mask = self.core.generate_square_subsequent_mask(tgt.size(1))
+        e = lambda x: self.embed(x) * math.sqrt(self.d_model) + self.pe[: x.size(1)]
+        mask = self.core.generate_square_subsequent_mask(tgt.size(1), device=tgt.device)
         h = self.core(e(src), e(tgt), tgt_mask=mask, src_key_padding_mask=src == PAD_ID,
                       tgt_key_padding_mask=tgt == PAD_ID, memory_key_padding_mask=src == PAD_ID)
         return self.out(h)
 
 
-def throughput(model: nn.Module, batches: list[Batch], precision: str, steps: int, warmup: int,
-               fused: bool) -> float:
-    """Target tokens per second over ``steps`` updates after ``warmup`` untimed ones."""
-    device = torch.device("cpu")
+@dataclass
+class Work:
+    """A batch on the training device with what is counted of it (computed once, on the host)."""
+
+    batch: Batch
+    target_tokens: int
+    flops: int
+
+
+def prepare(batches: list[Batch], shape: Shape, device: torch.device) -> list[Work]:
+    return [Work(b.to(device), b.n_target_tokens, step_flops(b.src.size(1), b.tgt_in.size(1), b.src.size(0), shape))
+            for b in batches]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def throughput(model: nn.Module, work: list[Work], precision: str, steps: int, warmup: int, fused: bool,
+               d_model: int = D_MODEL, device: torch.device = CPU) -> tuple[float, float]:
+    """(target tokens per second, matrix-product FLOP/s) over ``steps`` updates after ``warmup`` untimed ones."""
     opt = make_optimizer(model.parameters(), fused=fused)
-    sched = make_scheduler(opt, D_MODEL, 4000)
+    sched = make_scheduler(opt, d_model, 4000)
     model.train()
-    tokens, start = 0, 0.0
+    tokens, flops, start = 0, 0, 0.0
     for i in range(warmup + steps):
         if i == warmup:
-            tokens, start = 0, time.perf_counter()
-        b = batches[i % len(batches)]
+            _sync(device)
+            tokens, flops, start = 0, 0, time.perf_counter()
+        w = work[i % len(work)]
         with autocast(precision, device):
-            logits = model(b.src, b.tgt_in)
-        out = label_smoothed_cross_entropy(logits, b.tgt_out, PAD_ID, 0.1)
-        (out.loss / out.n_tokens).backward()
+            logits = model(w.batch.src, w.batch.tgt_in)
+        out = label_smoothed_cross_entropy(logits, w.batch.tgt_out, PAD_ID, 0.1)
+        (out.loss / w.target_tokens).backward()
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        tokens += b.n_target_tokens
-    return tokens / (time.perf_counter() - start)
+        del logits, out  # a base batch's logits are GBs: free them before the next forward
+        tokens += w.target_tokens
+        flops += w.flops
+    _sync(device)
+    seconds = time.perf_counter() - start
+    return tokens / seconds, flops / seconds
+
+
+def measure_matmul_peak(device: torch.device, dtype: torch.dtype, shapes: list[tuple[int, int, int]],
+                        budget_s: float = 1.5) -> tuple[float, str]:
+    """Best over ``shapes`` (m, k, n) of the median FLOP/s of (m x k) @ (k x n) in ``dtype``; and how it
+    was measured. Shapes run smallest first; one whose first product would take over ``budget_s`` at
+    the best rate so far is skipped (on a CPU without bf16 units a 2048^3 bf16 product takes a minute)."""
+    best, notes = 0.0, []
+    for m, k, n in sorted(shapes, key=lambda s: s[0] * s[1] * s[2]):
+        flop = 2 * m * k * n
+        label = f"{m}x{k}x{n}"
+        if best and 2 * flop / best > budget_s:  # its warm-up and first timing
+            notes.append(f"{label} skipped (> {budget_s:g} s)")
+            continue
+        a = torch.randn(m, k, device=device).to(dtype)
+        b = torch.randn(k, n, device=device).to(dtype)
+        torch.matmul(a, b)  # warm-up: library initialisation, kernel choice, page faults
+        _sync(device)
+        t0 = time.perf_counter()
+        torch.matmul(a, b)
+        _sync(device)
+        reps = max(3, min(25, int(budget_s / max(time.perf_counter() - t0, 1e-6))))
+        rates = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            torch.matmul(a, b)
+            _sync(device)
+            rates.append(flop / (time.perf_counter() - t0))
+        rate = statistics.median(rates)
+        best = max(best, rate)
+        notes.append(f"{label} {_flops_text(rate, device)} (median of {reps})")
+    return best, ", ".join(notes)
+
+
+def _flops_text(rate: float, device: torch.device) -> str:
+    value, unit = (rate / 1e12, "TFLOP/s") if device.type == "cuda" else (rate / 1e9, "GFLOP/s")
+    return f"{value:,.{0 if value >= 100 else 1 if value >= 10 else 2}f} {unit}"
+
+
+def gpu_peak(device: torch.device) -> tuple[float, str]:
+    """(dense bf16 peak FLOP/s of this GPU, its description): the data sheet's, else measured."""
+    name = torch.cuda.get_device_name(device)
+    for pattern, label, tflops in GPU_PEAK_TFLOPS:
+        if re.search(pattern, name, re.IGNORECASE):
+            return tflops * 1e12, f"{label} dense bf16 peak {tflops:,.0f} TFLOP/s, data sheet; {name}"
+    peak, how = measure_matmul_peak(device, torch.bfloat16, [(8192, 8192, 8192)])
+    return peak, f"measured bf16 peak {_flops_text(peak, device)} on {name}: {how}"
 
 
 def main() -> None:
@@ -98,29 +242,71 @@ def main() -> None:
                              "batches spread by up to 30%% on this machine, so 3 were too few)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--precision", default="bf16", choices=["fp32", "bf16"])
-    parser.add_argument("--compile", action="store_true")
-    parser.add_argument("--max-tokens", type=int, default=4096)
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile ours (CPU) or both models (CUDA)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--preset", default="small", choices=sorted(SHAPES))
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="padded tokens per batch (default: 4096 small, 25000 base)")
     args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda, but no GPU is visible")
+    shape = SHAPES[args.preset]
     torch.manual_seed(0)
-    batches = synthetic_batches(4000, args.max_tokens)
-    reference = Reference()
-    config = build_config("small", VOCAB, n_heads=HEADS, d_ff=D_FF, dropout=0.1)
-    model: nn.Module = Transformer(config)
+    batches = synthetic_batches(shape.n_pairs, args.max_tokens or shape.max_tokens, mean_len=shape.mean_len,
+                                vocab=shape.vocab)
+    work = prepare(batches, shape, device)
+    reference: nn.Module = Reference(shape).to(device)
+    config = build_config(shape.preset, shape.vocab, n_heads=shape.heads, d_ff=shape.d_ff, dropout=0.1)
+    model: nn.Module = Transformer(config).to(device)
+    # On CPU the reference is the plain fp32 eager baseline; on a GPU it gets our autocast and compile.
+    on_gpu = device.type == "cuda"
+    ref_precision = args.precision if on_gpu else "fp32"
     if args.compile:
-        t0 = time.perf_counter()
-        model = torch.compile(model, dynamic=True)
-        throughput(model, batches, args.precision, 1, 2, fused=True)
-        print(f"torch.compile warm-up: {time.perf_counter() - t0:.1f} s")
-    refs, ours = [], []
+        for name in ("ours", "reference") if on_gpu else ("ours",):
+            t0 = time.perf_counter()
+            module = torch.compile(model if name == "ours" else reference, dynamic=True)
+            throughput(module, work, args.precision if name == "ours" else ref_precision, 1, 2,
+                       fused=name == "ours", d_model=shape.d_model, device=device)
+            print(f"torch.compile warm-up ({name}): {time.perf_counter() - t0:.1f} s", flush=True)
+            model, reference = (module, reference) if name == "ours" else (model, module)
+    # A CPU's peak is measured in every round, in the training precision, and the best kept: a slow
+    # spell of a shared machine during one measurement would otherwise lower the peak and raise MFU.
+    peak_dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
+    refs, ours, peaks = [], [], []
     for r in range(args.rounds):
-        window = batches[r * args.steps:] + batches[:r * args.steps]  # the same batches for both models
-        refs.append(throughput(reference, window, "fp32", args.steps, args.warmup, fused=False))
-        ours.append(throughput(model, window, args.precision, args.steps, args.warmup, fused=True))
-        print(f"round {r + 1}: reference {refs[-1]:,.0f}, ours {ours[-1]:,.0f} target tokens/s", flush=True)
-    ref, our = float(np.median(refs)), float(np.median(ours))
-    print(f"reference torch.nn.Transformer fp32 eager: {ref:,.0f} target tokens/s (median of {args.rounds})")
-    label = f"{args.precision}{' compiled' if args.compile else ' eager'}, fused Adam, explicit attention on CPU"
-    print(f"transformer package {label}: {our:,.0f} target tokens/s (median of {args.rounds})")
+        window = work[r * args.steps:] + work[:r * args.steps]  # the same batches for both models
+        refs.append(throughput(reference, window, ref_precision, args.steps, args.warmup, fused=False,
+                               d_model=shape.d_model, device=device))
+        ours.append(throughput(model, window, args.precision, args.steps, args.warmup, fused=True,
+                               d_model=shape.d_model, device=device))
+        if not on_gpu:
+            peaks.append(measure_matmul_peak(device, peak_dtype, [(2048, 2048, 2048), (4096, 256, 1024)]))
+        print(f"round {r + 1}: reference {refs[-1][0]:,.0f}, ours {ours[-1][0]:,.0f} target tokens/s", flush=True)
+    if on_gpu:
+        peak, peak_text = gpu_peak(device)
+    else:
+        peak, how = max(peaks)
+        print(f"{args.precision} matrix-product peak, best of {args.rounds} rounds: {how}")
+        peak_text = f"measured {args.precision} peak {_flops_text(peak, device)}"
+    ref, our = float(np.median([t for t, _ in refs])), float(np.median([t for t, _ in ours]))
+    ref_rate, our_rate = float(np.median([f for _, f in refs])), float(np.median([f for _, f in ours]))
+    mode = " compiled" if args.compile and on_gpu else " eager"
+    # The CPU peak is measured in our precision; the fp32 reference's rate is not a fraction of it.
+    ref_mfu = f", MFU {ref_rate / peak:.3f}" if ref_precision == args.precision else ""
+    print(f"reference torch.nn.Transformer {ref_precision}{mode}: {ref:,.0f} target tokens/s (median of "
+          f"{args.rounds}), {_flops_text(ref_rate, device)}{ref_mfu}")
+    attention = "fused SDPA on CUDA" if on_gpu else "explicit attention on CPU"
+    label = f"{args.precision}{' compiled' if args.compile else ' eager'}, fused Adam, {attention}"
+    print(f"transformer package {label}: {our:,.0f} target tokens/s (median of {args.rounds}), "
+          f"{_flops_text(our_rate, device)}, MFU {our_rate / peak:.3f}")
+    print(f"preset {shape.preset} on {device.type}: {np.mean([w.flops for w in work]) / 1e9:,.1f} GFLOP per step "
+          f"(matrix products, 3x forward), {np.mean([w.target_tokens for w in work]):,.0f} target tokens per batch")
+    if our_rate > peak:  # seen on an AVX2-only CPU, whose bf16 products run a slow shape-dependent fallback
+        print(f"note: ours ran its products faster than the measured peak: this {args.precision} 'peak' is not "
+              f"the device's, and MFU above 1 means nothing here")
+    print(f"mfu={our_rate / peak:.3f} (of {peak_text})")
     print(f"ratio={our / ref:.2f}")
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 import torch
+import torch.nn.functional as F
 from ctranslate2.specs import common_spec, model_spec, transformer_spec
 from torch import nn
 
@@ -42,13 +43,15 @@ from pipeline import paths
 from pipeline.params import run_stage
 from transformer.attention import MultiHeadAttention
 from transformer.checkpoint import CheckpointError, load_model
+from transformer.layers import ACTIVATIONS
 from transformer.model import Transformer
 from transformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 DEFAULT_OUTPUT = Path("models/ctranslate2")
 TOKENIZER_NAME = "spm.model"
 QUANTIZATIONS = ("none", *model_spec.ACCEPTED_MODEL_TYPES)
-ACTIVATIONS = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}  # F.gelu is the erf form
+# CTranslate2's activation for each function of ``transformer.layers.ACTIVATIONS`` (F.gelu is the erf form).
+CT2_ACTIVATIONS = {F.relu: common_spec.Activation.RELU, F.gelu: common_spec.Activation.GELU}
 
 
 def _array(t: torch.Tensor) -> np.ndarray:
@@ -87,9 +90,7 @@ def _inputs(spec, embed: nn.Module) -> None:
     embeddings = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings
     embeddings.weight = _array(embed.tokens.weight)
     spec.scale_embeddings = True
-    positions = embed.positions
-    table = positions.table if hasattr(positions, "table") else positions.embedding.weight
-    spec.position_encodings.encodings = _array(table)
+    spec.position_encodings.encodings = _array(embed.positions.table)  # every variant of POSITIONAL has one
 
 
 def build_spec(model: Transformer, vocabulary: Sequence[str]) -> transformer_spec.TransformerSpec:
@@ -102,10 +103,12 @@ def build_spec(model: Transformer, vocabulary: Sequence[str]) -> transformer_spe
     if len(vocabulary) != c.vocab_size:
         raise CheckpointError(f"the tokenizer has {len(vocabulary)} pieces, the model {c.vocab_size}")
     if c.pad_id != PAD_ID:
-        raise CheckpointError(f"model.pad_id is {c.pad_id}, the tokenizer's is {PAD_ID}")
+        raise CheckpointError(f"ModelConfig.pad_id is {c.pad_id}, the tokenizer's is {PAD_ID}")
+    activation = CT2_ACTIVATIONS.get(ACTIVATIONS[c.activation])
+    if activation is None:
+        raise CheckpointError(f"ModelConfig.activation {c.activation!r} has no CTranslate2 equivalent")
     spec = transformer_spec.TransformerSpec.from_config(
-        (c.n_encoder_layers, c.n_decoder_layers), c.n_heads, pre_norm=c.norm_first,
-        activation=ACTIVATIONS[c.activation])
+        (c.n_encoder_layers, c.n_decoder_layers), c.n_heads, pre_norm=c.norm_first, activation=activation)
     enc, dec = spec.encoder, spec.decoder
     _inputs(enc, model.src_embed)
     for layer_spec, layer in zip(enc.layer, model.encoder_layers):

@@ -7,15 +7,24 @@ and ``small`` are for tests and for training on a laptop CPU.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
-ACTIVATIONS = ("relu", "gelu")
-POSITIONALS = ("sinusoidal", "learned")
+from .layers import ACTIVATIONS
+from .positional import POSITIONAL
 
 
 class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the field."""
+    """A configuration value is invalid; the message names the field as ``ModelConfig.<field>``.
+
+    ``fields`` holds the offending field name(s), for callers that report them under their own
+    names (the pipeline's params.yaml keys).
+    """
+
+    def __init__(self, message: str, *fields: str) -> None:
+        super().__init__(message)
+        self.fields = fields
 
 
 @dataclass(frozen=True)
@@ -50,23 +59,24 @@ class ModelConfig:
                      "n_decoder_layers", "max_positions"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"model.{name} must be a positive integer, got {value!r}")
+                raise ConfigError(f"ModelConfig.{name} must be a positive integer, got {value!r}", name)
         if self.d_model % self.n_heads:
-            raise ConfigError(
-                f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})")
+            raise ConfigError(f"ModelConfig.d_model ({self.d_model}) must be divisible by ModelConfig.n_heads "
+                              f"({self.n_heads})", "d_model", "n_heads")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-                raise ConfigError(f"model.{name} must be a number in [0, 1), got {value!r}")
-        if self.activation not in ACTIVATIONS:
-            raise ConfigError(f"model.activation must be one of {ACTIVATIONS}, got {self.activation!r}")
-        if self.positional not in POSITIONALS:
-            raise ConfigError(f"model.positional must be one of {POSITIONALS}, got {self.positional!r}")
+                raise ConfigError(f"ModelConfig.{name} must be a number in [0, 1), got {value!r}", name)
+        for name, table in (("activation", ACTIVATIONS), ("positional", POSITIONAL)):
+            if getattr(self, name) not in table:
+                raise ConfigError(f"ModelConfig.{name} must be one of {tuple(table)}, got {getattr(self, name)!r}",
+                                  name)
         for name in ("norm_first", "share_embeddings"):
             if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"model.{name} must be true or false, got {getattr(self, name)!r}")
-        if not isinstance(self.pad_id, int) or not 0 <= self.pad_id < self.vocab_size:
-            raise ConfigError(f"model.pad_id must be in [0, vocab_size), got {self.pad_id!r}")
+                raise ConfigError(f"ModelConfig.{name} must be True or False, got {getattr(self, name)!r}", name)
+        if isinstance(self.pad_id, bool) or not isinstance(self.pad_id, int) or not 0 <= self.pad_id < self.vocab_size:
+            raise ConfigError(f"ModelConfig.pad_id must be in [0, ModelConfig.vocab_size = {self.vocab_size}), "
+                              f"got {self.pad_id!r}", "pad_id")
 
     @property
     def d_head(self) -> int:
@@ -76,11 +86,11 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> "ModelConfig":
+    def from_dict(cls, values: Mapping[str, Any]) -> ModelConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ConfigError(f"unknown model config key(s): {', '.join(unknown)}")
+            raise ConfigError(f"unknown ModelConfig field(s): {', '.join(unknown)}", *unknown)
         return cls(**values)
 
 
@@ -104,6 +114,6 @@ PRESETS: dict[str, dict[str, Any]] = {
 def build_config(preset: str, vocab_size: int, **overrides: Any) -> ModelConfig:
     """A ``ModelConfig`` from a named preset, the vocabulary size and field overrides."""
     if preset not in PRESETS:
-        raise ConfigError(f"model.preset {preset!r} does not exist; choose one of {sorted(PRESETS)}")
+        raise ConfigError(f"preset {preset!r} does not exist; choose one of {sorted(PRESETS)}", "preset")
     values: dict[str, Any] = {**PRESETS[preset], **overrides, "vocab_size": vocab_size}
     return ModelConfig.from_dict(values)

@@ -5,12 +5,22 @@ Shape key: B batch, S source length, T target length, D model width.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import KVCache, MultiHeadAttention
 from .dropout import Dropout
-from .config import ModelConfig
+
+if TYPE_CHECKING:  # config.py reads ACTIVATIONS below to validate names: no import at run time
+    from .config import ModelConfig
+
+# The feed-forward activations by ``ModelConfig.activation`` name: the paper's ReLU (§3.3, eq. 2)
+# and GELU (Hendrycks & Gimpel, 2016; a departure, exact erf form). The one list of names:
+# config validation, ``FeedForward``, ``transformer.packed`` and the CTranslate2 export read it.
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu}
 
 
 class FeedForward(nn.Module):
@@ -23,7 +33,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.linear1 = nn.Linear(config.d_model, config.d_ff)
         self.linear2 = nn.Linear(config.d_ff, config.d_model)
-        self.activation = F.gelu if config.activation == "gelu" else F.relu
+        self.activation = ACTIVATIONS[config.activation]
         self.dropout = Dropout(config.activation_dropout)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -15,35 +15,29 @@ from .attention import KVCache
 from .config import ModelConfig
 from .dropout import Dropout
 from .layers import DecoderLayer, EncoderLayer
-from .positional import LearnedPositions, SinusoidalPositions
+from .positional import POSITIONAL
 
 
 @dataclass
 class DecoderCache:
-    """Per-layer self- and cross-attention caches for incremental decoding."""
+    """Per-layer key/value caches for incremental decoding (``Transformer.new_cache``).
+
+    Self-attention caches hold one row per target row (a hypothesis); cross-attention caches
+    hold one row per row of the encoder output (a sentence), computed from it at the first
+    step. ``Transformer.reorder_cache`` and ``Transformer.select_sentences`` move them.
+    """
 
     self_attn: list[KVCache]
     cross_attn: list[KVCache]
 
     @classmethod
-    def empty(cls, n_layers: int) -> "DecoderCache":
+    def empty(cls, n_layers: int) -> DecoderCache:
         return cls([KVCache() for _ in range(n_layers)], [KVCache() for _ in range(n_layers)])
 
     @property
     def length(self) -> int:
         """Number of target positions decoded so far."""
         return self.self_attn[0].length
-
-    def reorder(self, index: Tensor, memory_index: Tensor | None = None) -> None:
-        """Keep batch rows ``index``: beam reordering and dropping finished sentences.
-
-        ``memory_index`` selects the cross-attention rows instead, when those hold one row
-        per sentence shared by its hypotheses (see ``MultiHeadAttention``); None: ``index``.
-        """
-        for cache in self.self_attn:
-            cache.reorder(index)
-        for cache in self.cross_attn:
-            cache.reorder(index if memory_index is None else memory_index)
 
 
 @dataclass
@@ -62,8 +56,7 @@ class Embedding(nn.Module):
         super().__init__()
         self.tokens = tokens
         self.scale = math.sqrt(config.d_model)
-        positions_cls = SinusoidalPositions if config.positional == "sinusoidal" else LearnedPositions
-        self.positions = positions_cls(config.max_positions, config.d_model)
+        self.positions = POSITIONAL[config.positional](config.max_positions, config.d_model)
         self.dropout = Dropout(config.dropout)
 
     def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
@@ -77,6 +70,13 @@ class Transformer(nn.Module):
 
     ``encode`` runs once per source batch; ``decode`` runs the decoder over a whole target
     prefix (training) or, with a ``DecoderCache``, over new positions only (inference).
+
+    Incremental decoding contract (what a search calls; fairseq's ``reorder_encoder_out`` and
+    ``reorder_incremental_state``): ``encode``, ``new_cache``, then per step ``decode_step``;
+    ``reorder_cache`` when hypotheses are reordered or pruned and ``select_sentences`` when
+    sentences leave the batch. The target rows may be G consecutive rows per encoder row (the
+    G hypotheses of one sentence share its encoder output): the cross-attention then projects,
+    caches and reads keys and values once per sentence (``MultiHeadAttention``).
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -103,8 +103,9 @@ class Transformer(nn.Module):
                 nn.init.xavier_uniform_(module.weight)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.Embedding) and not isinstance(module, LearnedPositions):
-                # N(0, d^-1/2) so that embeddings scaled by sqrt(d) have unit variance.
+            elif isinstance(module, nn.Embedding):
+                # N(0, d^-1/2) so that embeddings scaled by sqrt(d) have unit variance (learned
+                # positions included: the same law as their own initialisation).
                 nn.init.normal_(module.weight, std=self.config.d_model ** -0.5)
                 if module.padding_idx is not None:
                     nn.init.zeros_(module.weight[module.padding_idx])
@@ -144,7 +145,30 @@ class Transformer(nn.Module):
         return self.output(self.decoder_norm(x))
 
     def new_cache(self) -> DecoderCache:
+        """An empty cache for ``decode``/``decode_step``: filled by the first step."""
         return DecoderCache.empty(len(self.decoder_layers))
+
+    def decode_step(self, tokens: Tensor, memory: Tensor, src_mask: Tensor, cache: DecoderCache) -> Tensor:
+        """Next-token log-probabilities (the softmax of §3.4), in float32, after one new position
+        per target row. tokens (B, 1), memory (M, S, D) with B / M rows per encoder row -> (B, V)."""
+        return torch.log_softmax(self.decode(tokens, memory, src_mask, cache)[:, -1].float(), dim=-1)
+
+    def reorder_cache(self, cache: DecoderCache, order: Tensor) -> None:
+        """Target row i continues target row ``order[i]`` (beam reordering, pruning): the
+        self-attention caches follow. Recorded only: the next step's append copies the rows
+        straight into the longer cache (``KVCache.reorder``), one copy per step."""
+        for layer_cache in cache.self_attn:
+            layer_cache.reorder(order)
+
+    def select_sentences(self, memory: Tensor, src_mask: Tensor, sentences: Tensor,
+                         cache: DecoderCache | None = None) -> tuple[Tensor, Tensor]:
+        """Keep the encoder rows ``sentences`` (finished sentences leave the batch): returns
+        memory (M', S, D) and src_mask (M', 1, 1, S), and the cross-attention caches follow.
+        Target rows are moved by ``reorder_cache``, with each sentence's hypotheses kept together."""
+        if cache is not None:
+            for layer_cache in cache.cross_attn:
+                layer_cache.reorder(sentences)
+        return memory[sentences], src_mask[sentences]
 
     def forward(self, src: Tensor, tgt_in: Tensor, weights: AttentionWeights | None = None) -> Tensor:
         """Teacher-forced logits: src (B, S), tgt_in (B, T) starting with BOS -> (B, T, V)."""

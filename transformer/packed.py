@@ -20,12 +20,19 @@ from .attention import MultiHeadAttention
 from .layers import FeedForward
 
 
-def packing_available() -> bool:
-    """oneDNN and its packed linear operators are in this PyTorch build (CPU builds and most CUDA ones)."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+def packing_available(dtype: torch.dtype = torch.float32) -> bool:
+    """oneDNN and its packed linear operators are in this PyTorch build (CPU builds and most CUDA
+    ones) and can pack ``dtype`` weights: bfloat16 needs AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return False
+    if dtype != torch.bfloat16:
+        return True
+    supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return supported is not None and bool(supported())
 
 
-# oneDNN post-operations PackedLinear can fuse, by the function they replace: (name, algorithm).
+# oneDNN post-operations PackedLinear can fuse, by the function of ``layers.ACTIVATIONS`` they
+# replace: (oneDNN's name, algorithm). An activation missing here is applied unfused.
 FUSABLE_ACTIVATIONS = {F.relu: ("relu", ""), F.gelu: ("gelu", "none")}  # gelu "none": the exact erf form
 
 
@@ -51,8 +58,11 @@ class PackedLinear(nn.Module):
 def pack_linears(model: nn.Module) -> nn.Module:
     """Replace every ``nn.Linear`` of ``model`` (on CPU, in eval mode) by a ``PackedLinear``, give
     each ``MultiHeadAttention`` packed W^QKV, W^Q and W^KV projections, and fuse each
-    ``FeedForward``'s activation into its first layer. In place; returns ``model``."""
+    ``FeedForward``'s activation into its first layer. In place; returns ``model`` (left as it is,
+    in eval mode, where ``packing_available`` says its weights' dtype cannot be packed)."""
     model.eval()
+    if not packing_available(next(model.parameters()).dtype):
+        return model
     for module in list(model.modules()):
         if isinstance(module, FeedForward) and module.activation in FUSABLE_ACTIVATIONS:
             first = module.linear1

@@ -35,7 +35,7 @@ class SinusoidalPositions(nn.Module):
     def forward(self, length: int, offset: int = 0) -> Tensor:
         """(length, D) encodings of positions offset .. offset+length-1."""
         if offset + length > self.table.size(0):
-            raise ValueError(f"position {offset + length} exceeds max_positions {self.table.size(0)}")
+            raise ValueError(f"position {offset + length} exceeds ModelConfig.max_positions {self.table.size(0)}")
         return self.table[offset:offset + length]
 
 
@@ -47,7 +47,23 @@ class LearnedPositions(nn.Module):
         self.embedding = nn.Embedding(max_positions, d_model)
         nn.init.normal_(self.embedding.weight, std=d_model ** -0.5)
 
+    @property
+    def table(self) -> Tensor:
+        """(max_positions, D): the encodings of every position, as ``SinusoidalPositions.table``."""
+        return self.embedding.weight
+
     def forward(self, length: int, offset: int = 0) -> Tensor:
+        """(length, D) embeddings of positions offset .. offset+length-1."""
         if offset + length > self.embedding.num_embeddings:
-            raise ValueError(f"position {offset + length} exceeds max_positions {self.embedding.num_embeddings}")
+            raise ValueError(
+                f"position {offset + length} exceeds ModelConfig.max_positions {self.embedding.num_embeddings}")
         return self.embedding.weight[offset:offset + length]
+
+
+# The position variants by ``ModelConfig.positional`` name, each built as cls(max_positions,
+# d_model) and exposing ``table``: the one list of names (config validation, the model and the
+# CTranslate2 export read it).
+POSITIONAL: dict[str, type[nn.Module]] = {
+    "sinusoidal": SinusoidalPositions,
+    "learned": LearnedPositions,
+}

@@ -32,6 +32,19 @@ def length_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
+def _best_reachable(live_score: Tensor, shortest: int, max_lens: Tensor, alpha: float) -> Tensor:
+    """The best normalised score a live hypothesis with log-probability ``live_score`` can
+    still finish with, its length (EOS counted) between ``shortest`` and ``max_lens``.
+
+    Log-probabilities only fall as a hypothesis grows, so its final score is at most
+    live_score / lp(L) for its final length L; live_score <= 0, so that is largest where lp is:
+    at the maximum length for alpha >= 0 (tensor2tensor's bound), at the shortest for alpha < 0.
+    Dividing by lp at the current length instead is no bound for alpha > 0: a longer
+    hypothesis divides the same or a slightly lower log-probability by a larger penalty.
+    """
+    return live_score / length_penalty(max_lens.to(live_score.dtype), alpha).clamp(min=length_penalty(shortest, alpha))
+
+
 def _max_lengths(src_mask: Tensor, max_len_b: int, max_positions: int) -> Tensor:
     """Per sentence: source length + max_len_b (§6.1: "input length + 50"), within the model's positions."""
     return (src_mask.flatten(1).sum(-1) + max_len_b).clamp(max=max_positions)
@@ -47,7 +60,7 @@ def _strip(ids: list[int], eos_id: int, pad_id: int) -> list[int]:
     return out
 
 
-@functools.lru_cache(maxsize=None)  # asked at every decoding step, for one or two vocabularies
+@functools.cache  # asked at every decoding step, for one or two vocabularies
 def _block_size(vocab: int, target: int = 64) -> int | None:
     """The divisor of ``vocab`` in [16, 256] closest to ``target``, or None (see ``best_continuations``)."""
     divisors = [b for b in range(16, 257) if vocab % b == 0 and vocab // b > 1]
@@ -105,7 +118,7 @@ def greedy_search(model: Transformer, src: Tensor, *, max_len_b: int = 50,
     last = src.new_full((b, 1), bos_id)
     is_eos_column = torch.arange(model.config.vocab_size, device=device) == eos_id
     for t in range(longest):
-        lprobs = torch.log_softmax(model.decode(last, memory, src_mask, cache)[:, -1].float(), dim=-1)
+        lprobs = model.decode_step(last, memory, src_mask, cache)
         at_limit = t + 1 >= max_lens  # only EOS may follow; it keeps its own log-probability
         lprobs[at_limit] = lprobs[at_limit].masked_fill(~is_eos_column, float("-inf"))
         best, token = lprobs.max(dim=-1)
@@ -116,28 +129,32 @@ def greedy_search(model: Transformer, src: Tensor, *, max_len_b: int = 50,
             break
         if not bool(live.all()):
             keep = live.nonzero().squeeze(-1)
-            active, token, memory, src_mask, max_lens = (active[keep], token[keep], memory[keep],
-                                                         src_mask[keep], max_lens[keep])
-            cache.reorder(keep)
+            active, token, max_lens = active[keep], token[keep], max_lens[keep]
+            model.reorder_cache(cache, keep)
+            memory, src_mask = model.select_sentences(memory, src_mask, keep, cache)
         last = token[:, None]
     return SearchResult([_strip(row, eos_id, model.config.pad_id) for row in out.tolist()], scores.tolist())
 
 
 @torch.inference_mode()
 def beam_search(model: Transformer, src: Tensor, *, beam_size: int = 4, alpha: float = 0.6,
-                max_len_b: int = 50, bos_id: int = BOS_ID, eos_id: int = EOS_ID) -> SearchResult:
+                max_len_b: int = 50, bos_id: int = BOS_ID, eos_id: int = EOS_ID,
+                early_stopping: bool = True) -> SearchResult:
     """Batched beam search (§6.1: beam 4, alpha 0.6) returning the best hypothesis per sentence.
 
-    Finished hypotheses are scored log P(Y|X) / lp(|Y|), |Y| counting the EOS. A sentence
-    stops once it has ``beam_size`` finished hypotheses that its best live hypothesis could
-    not beat at its current length (or at its maximum length), and is then dropped from the
-    batch, so later steps only compute live sentences.
+    Finished hypotheses are scored log P(Y|X) / lp(|Y|), |Y| counting the EOS. With
+    ``early_stopping`` a sentence stops once it has ``beam_size`` finished hypotheses that no
+    live hypothesis can still beat (an exact bound, ``_best_reachable``), and is then dropped
+    from the batch, so later steps only compute live sentences; the result is that of the
+    search run to the length limit (``early_stopping=False``), only sooner.
 
     The work per step is the decoder on one new position per live hypothesis: the first
     step expands one hypothesis per sentence (the K beams would be identical), the K
     hypotheses of a sentence share its encoder output and cross-attention keys and values,
     a sentence's 2K best continuations are found without a top-k over all of its K x V scores
-    (``best_continuations``), and the caches are reordered by the next step's append.
+    (``best_continuations``), and the caches are reordered by the next step's append. The
+    search reaches the model only through its decoding contract (``Transformer``): encode,
+    new_cache, decode_step, reorder_cache, select_sentences.
     """
     k = beam_size
     vocab = model.config.vocab_size
@@ -160,7 +177,7 @@ def beam_search(model: Transformer, src: Tensor, *, beam_size: int = 4, alpha: f
 
     for t in range(longest):
         n = active.numel()
-        lprobs = torch.log_softmax(model.decode(tokens[:, -1:], memory, src_mask, cache)[:, -1].float(), -1)
+        lprobs = model.decode_step(tokens[:, -1:], memory, src_mask, cache)
         at_limit = t + 1 >= max_lens  # only EOS may follow; it keeps its own log-probability
         if bool(at_limit.any()):
             rows = at_limit.repeat_interleave(width)
@@ -187,24 +204,24 @@ def beam_search(model: Transformer, src: Tensor, *, beam_size: int = 4, alpha: f
         tokens = torch.cat([tokens[source_rows], top_token.gather(1, alive_pos).view(-1, 1)], dim=1)
         width = k
 
-        # Done: K finished hypotheses, none of which the best live one could still beat at its
-        # current length (the stopping rule of Hugging Face's beam search; fairseq's "K finished"
-        # alone can stop before the best path ends when weak beams finish first), or no live one.
+        # Done: no live hypothesis, or (early stopping) K finished ones that none of the live
+        # ones can still beat.
         worst_finished = fin_scores[active, k - 1]
         best_live = beam_scores[:, 0]
-        done = (best_live == float("-inf")) | ((worst_finished > float("-inf"))
-                                               & (worst_finished >= best_live / length_penalty(t + 1, alpha)))
+        done = best_live == float("-inf")
+        if early_stopping:
+            done |= (worst_finished > float("-inf")) & (
+                worst_finished >= _best_reachable(best_live, t + 2, max_lens, alpha))
         if bool(done.all()):
             break
         if bool(done.any()):
             keep = (~done).nonzero().squeeze(-1)
             keep_rows = (keep[:, None] * k + torch.arange(k, device=device)).view(-1)
-            active, beam_scores, max_lens = active[keep], beam_scores[keep], max_lens[keep]
-            tokens, memory, src_mask = tokens[keep_rows], memory[keep], src_mask[keep]
-            cache.reorder(source_rows[keep_rows], memory_index=keep)  # one copy for both moves
+            active, beam_scores, max_lens, tokens = active[keep], beam_scores[keep], max_lens[keep], tokens[keep_rows]
+            model.reorder_cache(cache, source_rows[keep_rows])  # one copy for both moves, by the next append
+            memory, src_mask = model.select_sentences(memory, src_mask, keep, cache)
         else:
-            for c in cache.self_attn:
-                c.reorder(source_rows)
+            model.reorder_cache(cache, source_rows)
 
     best = fin_tokens[:, 0].tolist()
     return SearchResult([_strip(row, eos_id, model.config.pad_id) for row in best], fin_scores[:, 0].tolist())

@@ -113,7 +113,7 @@ class TrainConfig:
             raise ValueError(f"train.init_from must be a path (or \"\" for none), got {self.init_from!r}")
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
@@ -124,11 +124,11 @@ class TrainConfig:
 class TrainerCallback:
     """Hooks the pipeline uses to observe training; every method is optional."""
 
-    def on_train_start(self, trainer: "Trainer") -> None: ...
+    def on_train_start(self, trainer: Trainer) -> None: ...
     def on_log(self, step: int, metrics: dict[str, float]) -> None: ...
     def on_validate(self, step: int, metrics: dict[str, float]) -> None: ...
     def on_checkpoint(self, step: int, path: Path) -> None: ...
-    def on_train_end(self, trainer: "Trainer") -> None: ...
+    def on_train_end(self, trainer: Trainer) -> None: ...
     def checkpoint_state(self) -> dict[str, Any]:
         """Extra (plain) values to store in each checkpoint, e.g. a tracking run id."""
         return {}
@@ -149,6 +149,17 @@ def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
         return []
     found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := CHECKPOINT_PATTERN.search(p.name))]
     return [p for _, p in sorted(found)]
+
+
+def scaler_skipped(scale_before: float, scale_after: float) -> bool:
+    """Whether ``GradScaler.step`` skipped the optimiser step (fp16 loss scaling).
+
+    ``GradScaler.update`` multiplies the scale by ``backoff_factor`` (< 1) exactly when it found
+    inf or NaN gradients, which is also exactly when ``step`` left the parameters alone; it only
+    ever raises the scale otherwise. So a lower scale after ``update`` is the public sign of a
+    skipped step (the flags themselves are private to the scaler).
+    """
+    return scale_after < scale_before
 
 
 def _distributed() -> tuple[int, int]:
@@ -242,7 +253,10 @@ class Trainer:
         # load_checkpoint maps every tensor to the training device; RNG states must be CPU tensors.
         torch.set_rng_state(state["rng_cpu"].cpu())
         if torch.cuda.is_available() and state["rng_cuda"]:
-            torch.cuda.set_rng_state_all([s.cpu() for s in state["rng_cuda"]])
+            # One state per GPU of the machine that saved it (dropout on CUDA draws from these);
+            # a machine with fewer GPUs restores those it has rather than failing on the others.
+            states = [s.cpu() for s in state["rng_cuda"]][:torch.cuda.device_count()]
+            torch.cuda.set_rng_state_all(states)
 
     def fingerprint(self) -> dict[str, Any]:
         """What fixes the training trajectory: model and training settings, the data, and the
@@ -356,12 +370,17 @@ class Trainer:
                     if c.validate_every == 0 and self.last_valid_step != self.step:
                         self._validate()
                     continue
-                loss_sum, nll_sum, n_tokens, grad_norm, finite = self._update(group)
-                if not finite:
-                    if c.nan_policy == "stop":
+                loss_sum, nll_sum, n_tokens, update_norm, status = self._update(group)
+                if status != "applied":
+                    # Nothing was applied, so neither the step count nor the schedule moves (the
+                    # batches are consumed: the data position is saved with the next checkpoint).
+                    # fp16 overflows are the loss scaler's normal search for its scale, not a
+                    # non-finite loss, so nan_policy "stop" does not apply to them.
+                    if status == "non-finite" and c.nan_policy == "stop":
                         raise NonFiniteLossError(
                             f"non-finite loss at step {self.step + 1}; the last good checkpoint is kept")
                     continue
+                grad_norm = update_norm
                 self.step += 1
                 window["loss"] += loss_sum
                 window["nll"] += nll_sum
@@ -371,7 +390,8 @@ class Trainer:
                     self._log(window, grad_norm)
                 if c.validate_every and self.step % c.validate_every == 0:
                     self._validate()
-                due_minutes = c.checkpoint_every_minutes and time.monotonic() - last_ckpt_time >= 60 * c.checkpoint_every_minutes
+                due_minutes = (c.checkpoint_every_minutes
+                               and time.monotonic() - last_ckpt_time >= 60 * c.checkpoint_every_minutes)
                 if (c.checkpoint_every_steps and self.step % c.checkpoint_every_steps == 0) or due_minutes:
                     self.elapsed_seconds += time.monotonic() - started
                     started = time.monotonic()
@@ -392,8 +412,15 @@ class Trainer:
             cb.on_train_end(self)
         return self.last_valid
 
-    def _update(self, group: list) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, bool]:
-        """One optimiser step over ``update_freq`` batches, loss normalised by target tokens."""
+    def _update(self, group: list) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, str]:
+        """One optimiser step over ``update_freq`` batches, loss normalised by target tokens.
+
+        Returns (loss sum, NLL sum, target tokens, gradient norm, status): status is "applied",
+        "non-finite" (a NaN or infinite loss, or gradient without a loss scaler: not applied) or
+        "overflow" (fp16: the loss scaler found inf/NaN gradients, skipped the step and lowered
+        its scale). The learning-rate schedule advances only on an applied step, so update n
+        always runs at the rate of step n (eq. 3), however many overflows came before it.
+        """
         c = self.config
         batches = [collate(self.train_data, idx, c.pad_multiple) for idx in group]
         n_tokens = sum(b.n_target_tokens for b in batches)
@@ -409,7 +436,8 @@ class Trainer:
         for i, batch in enumerate(batches):
             batch = batch.to(self.device)
             sync = i == len(batches) - 1 or self.world_size == 1
-            ctx = self.forward_model.no_sync() if not sync and hasattr(self.forward_model, "no_sync") else contextlib.nullcontext()
+            no_sync = not sync and hasattr(self.forward_model, "no_sync")
+            ctx = self.forward_model.no_sync() if no_sync else contextlib.nullcontext()
             try:
                 with ctx:
                     with autocast(c.precision, self.device):
@@ -427,13 +455,21 @@ class Trainer:
         self.scaler.unscale_(self.optimizer)
         max_norm = c.clip_norm if c.clip_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        # With a scaler, inf/NaN gradients are its business (it skips the step); without one they
+        # would corrupt Adam's moments, so they count as non-finite.
         finite = bool(torch.isfinite(loss_sum)) and (self.scaler.is_enabled() or bool(torch.isfinite(grad_norm)))
+        status = "non-finite"
         if finite:
+            scale = self.scaler.get_scale()
             self.scaler.step(self.optimizer)
             self.scaler.update()
-            self.scheduler.step()
+            if self.scaler.is_enabled() and scaler_skipped(scale, self.scaler.get_scale()):
+                status = "overflow"
+            else:
+                self.scheduler.step()
+                status = "applied"
         self.optimizer.zero_grad(set_to_none=True)
-        return loss_sum, nll_sum, n_tokens, grad_norm, finite
+        return loss_sum, nll_sum, n_tokens, grad_norm, status
 
     def _log(self, window: dict, grad_norm: torch.Tensor) -> None:
         now = time.monotonic()
@@ -448,6 +484,8 @@ class Trainer:
             "train/target_tokens_per_s": window["tokens"] * self.world_size / max(now - window["time"], 1e-9),
             "train/epoch": float(self.epoch),
         }
+        if self.scaler.is_enabled():  # fp16: a falling scale means overflowing (skipped) updates
+            metrics["train/loss_scale"] = self.scaler.get_scale()
         window.update(loss=torch.zeros((), device=self.device), nll=torch.zeros((), device=self.device),
                       tokens=0, steps=0, time=now)
         if self.rank == 0:

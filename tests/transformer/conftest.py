@@ -42,7 +42,7 @@ class CopyTask:
 @pytest.fixture(scope="session")
 def copy_task(tmp_path_factory) -> CopyTask:
     """Train the ``tiny`` preset (d_model 32, 2+2 layers) on copying 5-8 tokens from a
-    vocabulary of 20: 600 updates of ~70 sentences, eq. 3 with 50 warm-up steps (~5-10 s)."""
+    vocabulary of 20: 1000 updates of ~70 sentences, eq. 3 with 50 warm-up steps (~10-20 s)."""
     import time
 
     import numpy as np
@@ -63,7 +63,7 @@ def copy_task(tmp_path_factory) -> CopyTask:
     store = write_token_store(tmp_path_factory.mktemp("copy") / "train", [(s, s) for s in train], vocab_size=20)
     torch.manual_seed(0)
     model = Transformer(build_config("tiny", 20))
-    config = TrainConfig(max_tokens=640, warmup_steps=50, lr_scale=1.0, max_steps=600, checkpoint_every_steps=0,
+    config = TrainConfig(max_tokens=640, warmup_steps=50, lr_scale=1.0, max_steps=1000, checkpoint_every_steps=0,
                          log_every=1000, precision="fp32", device="cpu", pad_multiple=1, seed=1)
     started = time.monotonic()
     Trainer(model, config, store).train()

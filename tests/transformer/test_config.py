@@ -43,14 +43,14 @@ def test_config_is_frozen():
 
 
 def test_d_model_not_divisible_by_heads():
-    with pytest.raises(ConfigError, match=r"model\.d_model \(30\).*model\.n_heads \(4\)"):
+    with pytest.raises(ConfigError, match=r"ModelConfig\.d_model \(30\).*ModelConfig\.n_heads \(4\)"):
         build_config("tiny", 10, d_model=30)
 
 
 @pytest.mark.parametrize("name", ["dropout", "attention_dropout", "activation_dropout"])
 @pytest.mark.parametrize("value", [1.0, -0.1, 1.5, "0.1", True])
 def test_dropout_outside_unit_interval(name, value):
-    with pytest.raises(ConfigError, match=rf"model\.{name} must be a number in \[0, 1\)"):
+    with pytest.raises(ConfigError, match=rf"ModelConfig\.{name} must be a number in \[0, 1\)"):
         build_config("tiny", 10, **{name: value})
 
 
@@ -60,17 +60,17 @@ def test_dropout_edges_accepted():
 
 
 def test_unknown_preset():
-    with pytest.raises(ConfigError, match=r"model\.preset 'huge' does not exist"):
+    with pytest.raises(ConfigError, match=r"preset 'huge' does not exist"):
         build_config("huge", 10)
 
 
 def test_bad_activation():
-    with pytest.raises(ConfigError, match=r"model\.activation must be one of .*'tanh'"):
+    with pytest.raises(ConfigError, match=r"ModelConfig\.activation must be one of \('relu', 'gelu'\), got 'tanh'"):
         build_config("tiny", 10, activation="tanh")
 
 
 def test_bad_positional():
-    with pytest.raises(ConfigError, match=r"model\.positional"):
+    with pytest.raises(ConfigError, match=r"ModelConfig\.positional must be one of \('sinusoidal', 'learned'\)"):
         build_config("tiny", 10, positional="rotary")
 
 
@@ -79,21 +79,52 @@ def test_bad_positional():
 def test_positive_integers(name, value):
     overrides = {} if name == "vocab_size" else {name: value}
     vocab = value if name == "vocab_size" else 10
-    with pytest.raises(ConfigError, match=rf"model\.{name} must be a positive integer"):
+    with pytest.raises(ConfigError, match=rf"ModelConfig\.{name} must be a positive integer"):
         build_config("tiny", vocab, **overrides)
 
 
 def test_bool_fields_and_pad_id():
-    with pytest.raises(ConfigError, match=r"model\.norm_first must be true or false"):
+    with pytest.raises(ConfigError, match=r"ModelConfig\.norm_first must be True or False"):
         build_config("tiny", 10, norm_first="yes")
-    with pytest.raises(ConfigError, match=r"model\.pad_id"):
+    with pytest.raises(ConfigError, match=r"ModelConfig\.pad_id must be in \[0, ModelConfig\.vocab_size = 10\)"):
         build_config("tiny", 10, pad_id=10)
 
 
 def test_unknown_key_is_named():
-    with pytest.raises(ConfigError, match="unknown model config key.*n_layers"):
+    with pytest.raises(ConfigError, match="unknown ModelConfig field.*n_layers"):
         build_config("tiny", 10, n_layers=3)
 
 
 def test_config_error_is_a_value_error():
     assert issubclass(ConfigError, ValueError)
+
+
+@pytest.mark.parametrize("overrides, fields", [({"d_model": 30}, ("d_model", "n_heads")),
+                                               ({"dropout": 2.0}, ("dropout",)),
+                                               ({"n_layers": 3, "depth": 1}, ("depth", "n_layers"))])
+def test_config_error_names_its_fields(overrides, fields):
+    """The fields travel with the error, for callers that name them their own way (params.yaml)."""
+    with pytest.raises(ConfigError) as caught:
+        build_config("tiny", 10, **overrides)
+    assert caught.value.fields == fields
+
+
+def test_every_message_names_the_package_s_fields_not_params_yaml_keys():
+    bad = [dict(d_model=30), dict(dropout=2.0), dict(activation="tanh"), dict(positional="rotary"), dict(n_heads=0),
+           dict(norm_first=1), dict(pad_id=10), dict(n_layers=3)]
+    for overrides in bad:
+        with pytest.raises(ConfigError) as caught:
+            build_config("tiny", 10, **overrides)
+        assert "model." not in str(caught.value)
+
+
+def test_variant_names_come_from_the_tables():
+    """Validation accepts exactly the names of layers.ACTIVATIONS and positional.POSITIONAL."""
+    from transformer.layers import ACTIVATIONS
+    from transformer.positional import POSITIONAL
+
+    assert set(ACTIVATIONS) == {"relu", "gelu"} and set(POSITIONAL) == {"sinusoidal", "learned"}
+    for name in ACTIVATIONS:
+        assert build_config("tiny", 10, activation=name).activation == name
+    for name in POSITIONAL:
+        assert build_config("tiny", 10, positional=name).positional == name

@@ -6,13 +6,19 @@ import torch.nn.functional as F
 
 from transformer.attention import KVCache
 from transformer.config import build_config
-from transformer.layers import DecoderLayer, EncoderLayer, FeedForward, Residual
+from transformer.layers import ACTIVATIONS, DecoderLayer, EncoderLayer, FeedForward, Residual
 
 
 @pytest.fixture(autouse=True)
 def _no_grad():
     with torch.no_grad():
         yield
+
+
+def test_activation_table_is_the_paper_s_relu_and_gelu():
+    assert ACTIVATIONS == {"relu": F.relu, "gelu": F.gelu}
+    for name, fn in ACTIVATIONS.items():
+        assert FeedForward(build_config("tiny", 10, activation=name)).activation is fn
 
 
 @pytest.mark.parametrize("activation,fn", [("relu", F.relu), ("gelu", F.gelu)])

@@ -51,8 +51,8 @@ def test_hand_computation_random(eps):
     loss = nll = 0.0
     n = 0
     for b in range(3):
-        l, nl, k = hand_loss(logits[b].tolist(), target[b].tolist(), eps, PAD)
-        loss, nll, n = loss + l, nll + nl, n + k
+        lo, nl, k = hand_loss(logits[b].tolist(), target[b].tolist(), eps, PAD)
+        loss, nll, n = loss + lo, nll + nl, n + k
     assert int(out.n_tokens) == n == 15 - 2 - 4
     assert out.loss.item() == pytest.approx(loss, abs=1e-4)
     assert out.nll.item() == pytest.approx(nll, abs=1e-4)
@@ -96,19 +96,55 @@ def test_gradient_flows_through_loss_not_nll():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_same_arithmetic_as_pytorch_cross_entropy(dtype):
-    """One log-softmax gives both losses, bit for bit what ``F.cross_entropy`` gives with and
-    without ``label_smoothing``, gradient included (bf16: the training's autocast dtype)."""
+def test_same_arithmetic_as_pytorch_cross_entropy_in_float32(dtype):
+    """One float32 log-softmax gives both losses, bit for bit what ``F.cross_entropy`` gives on the
+    float32 logits with and without ``label_smoothing``, gradient included (bf16: the training's
+    autocast dtype, whose gradient comes back in bf16 through the same upcast)."""
     torch.manual_seed(0)
     logits = (3 * torch.randn(3, 7, 50)).to(dtype).requires_grad_()
     target = torch.randint(1, 50, (3, 7))
     target[:, 5:] = PAD
     out = label_smoothed_cross_entropy(logits, target, PAD, epsilon=0.1)
+    assert out.loss.dtype == out.nll.dtype == torch.float32
     out.loss.backward()
     ours_grad, logits.grad = logits.grad, None
-    flat, flat_target = logits.flatten(0, 1), target.reshape(-1)
+    flat, flat_target = logits.flatten(0, 1).float(), target.reshape(-1)
     expected = F.cross_entropy(flat, flat_target, ignore_index=PAD, reduction="sum", label_smoothing=0.1)
     expected.backward()
     expected_nll = F.cross_entropy(flat.detach(), flat_target, ignore_index=PAD, reduction="sum")
-    assert torch.equal(out.loss, expected.float()) and torch.equal(out.nll, expected_nll.float())
-    assert torch.equal(ours_grad, logits.grad)
+    assert torch.equal(out.loss, expected) and torch.equal(out.nll, expected_nll)
+    assert ours_grad.dtype == dtype and torch.equal(ours_grad, logits.grad)
+
+
+def float64_losses(logits, target, eps):
+    """(loss, nll) summed over non-pad positions, in float64 from the given logits."""
+    lprobs = torch.log_softmax(logits.double().flatten(0, 1), dim=-1)
+    flat = target.reshape(-1)
+    real = flat != PAD
+    nll = -lprobs[real].gather(1, flat[real, None]).sum()
+    return float((1 - eps) * nll - eps * lprobs[real].mean(-1).sum()), float(nll)
+
+
+def test_loss_of_bf16_autocast_logits_is_computed_in_float32():
+    """Under bf16 autocast the model's logits are bf16; the loss and NLL computed from them are the
+    float32 figures of those same logits (~1e-7 relative), not those of a bf16 log-softmax, which is
+    off by ~1e-3 relative (what the reported NLL, perplexity and validation loss were before)."""
+    from transformer.config import build_config
+    from transformer.model import Transformer
+
+    model = Transformer(build_config("tiny", 500)).eval()
+    src = torch.randint(4, 500, (8, 12))
+    tgt = torch.randint(4, 500, (8, 10))
+    tgt[:3, 7:] = PAD
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(src, tgt)
+        out = label_smoothed_cross_entropy(logits, tgt, PAD, epsilon=0.1)
+    assert logits.dtype == torch.bfloat16 and out.loss.dtype == out.nll.dtype == torch.float32
+    loss, nll = float64_losses(logits, tgt, 0.1)
+    assert out.nll.item() == pytest.approx(nll, rel=1e-6)
+    assert out.loss.item() == pytest.approx(loss, rel=1e-6)
+    plain = label_smoothed_cross_entropy(logits.float(), tgt, PAD, epsilon=0.1)  # fp32 on the same logits
+    assert out.nll.item() == pytest.approx(plain.nll.item(), rel=1e-6)
+    in_bf16 = F.cross_entropy(logits.flatten(0, 1), tgt.reshape(-1), ignore_index=PAD, reduction="sum")
+    assert in_bf16.dtype == torch.bfloat16
+    assert abs(in_bf16.item() - nll) / nll > 1e-4  # the test would see a bf16 computation

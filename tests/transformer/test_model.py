@@ -88,33 +88,50 @@ def test_cached_step_by_step_decoding_equals_full(overrides):
 
 
 @torch.no_grad()
-def test_cache_reorder_follows_rows(model):
+def test_reorder_cache_follows_rows(model):
     src = pad_batch([[5, 6, 7], [8, 9, 10, 11]])
     tgt = torch.tensor([[BOS_ID, 5, 6], [BOS_ID, 7, 8]])
     memory, src_mask = model.encode(src)
     cache = model.new_cache()
     model.decode(tgt[:, :2], memory, src_mask, cache)
     index = torch.tensor([1, 1, 0])
-    cache.reorder(index)
-    step = model.decode(tgt[index, 2:3], memory[index], src_mask[index], cache)
-    full = model.decode(tgt[index], memory[index], src_mask[index])
+    model.reorder_cache(cache, index)  # three rows from two: the cross-attention cache follows memory
+    memory, src_mask = model.select_sentences(memory, src_mask, index, cache)
+    step = model.decode(tgt[index, 2:3], memory, src_mask, cache)
+    full = model.decode(tgt[index], memory, src_mask)
     assert max_diff(step[:, 0], full[:, 2]) < 1e-5
 
 
 @torch.no_grad()
-def test_cache_reorder_with_memory_shared_by_groups(model):
+def test_select_sentences_with_memory_shared_by_groups(model):
     """Beam search: two hypotheses per sentence share one memory row; dropping sentence 0
-    keeps hypothesis rows 2-3 and memory row 1 (``memory_index``)."""
+    keeps hypothesis rows 3, 2 (``reorder_cache``) and memory row 1 (``select_sentences``)."""
     src = pad_batch([[5, 6, 7], [8, 9, 10, 11]])
     tgt = torch.tensor([[BOS_ID, 5, 6], [BOS_ID, 7, 8], [BOS_ID, 9, 10], [BOS_ID, 11, 12]])
     memory, src_mask = model.encode(src)
     cache = model.new_cache()
     model.decode(tgt[:, :2], memory, src_mask, cache)
     assert cache.cross_attn[0].k.size(0) == 2 and cache.self_attn[0].k.size(0) == 4
-    cache.reorder(torch.tensor([3, 2]), memory_index=torch.tensor([1]))
-    step = model.decode(tgt[[3, 2], 2:3], memory[1:], src_mask[1:], cache)
+    model.reorder_cache(cache, torch.tensor([3, 2]))
+    kept_memory, kept_mask = model.select_sentences(memory, src_mask, torch.tensor([1]), cache)
+    assert torch.equal(kept_memory, memory[1:]) and torch.equal(kept_mask, src_mask[1:])
+    step = model.decode(tgt[[3, 2], 2:3], kept_memory, kept_mask, cache)
+    assert cache.cross_attn[0].k.size(0) == 1 and cache.self_attn[0].k.size(0) == 2
     full = model.decode(tgt[[3, 2]], memory[[1, 1]], src_mask[[1, 1]])
     assert max_diff(step[:, 0], full[:, 2]) < 1e-5
+
+
+@torch.no_grad()
+def test_decode_step_is_the_log_softmax_of_the_last_position(model):
+    src = pad_batch([[5, 6, 7], [8, 9, 10, 11]])
+    tgt = torch.tensor([[BOS_ID, 5, 6], [BOS_ID, 7, 8]])
+    memory, src_mask = model.encode(src)
+    cache = model.new_cache()
+    steps = [model.decode_step(tgt[:, i:i + 1], memory, src_mask, cache) for i in range(3)]
+    full = torch.log_softmax(model.decode(tgt, memory, src_mask), dim=-1)
+    assert steps[0].shape == (2, 24) and steps[0].dtype == torch.float32
+    assert max_diff(torch.stack(steps, 1), full) < 1e-5
+    assert torch.allclose(steps[-1].exp().sum(-1), torch.ones(2))
 
 
 def test_weight_tying():

@@ -20,6 +20,8 @@ pytestmark = pytest.mark.skipif(not packing_available(), reason="this PyTorch bu
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_packed_linear_equals_f_linear(dtype, tolerance):
+    if not packing_available(dtype):
+        pytest.skip(f"oneDNN cannot pack {dtype} weights on this CPU")
     torch.manual_seed(0)
     w, b = torch.randn(48, 32, dtype=dtype), torch.randn(48, dtype=dtype)
     layer = PackedLinear(w, b)
@@ -63,3 +65,16 @@ def test_pack_linears_replaces_every_linear_and_keeps_the_model_s_outputs(activa
     assert float((got - expected).abs().max()) < 1e-4
     assert beam_search(packed, src, beam_size=3).hypotheses == beam_search(model, src, beam_size=3).hypotheses
     assert greedy_search(packed, src).hypotheses == greedy_search(model, src).hypotheses
+
+
+def test_pack_linears_leaves_weights_it_cannot_pack():
+    """bfloat16 packing needs AVX-512 (or AVX-NE-CONVERT): without it the model stays as it was."""
+    model = tiny_model(seed=2).to(torch.bfloat16)
+    packed = pack_linears(copy.deepcopy(model))
+    linears = [m for m in packed.modules() if isinstance(m, nn.Linear)]
+    if packing_available(torch.bfloat16):
+        assert not any(isinstance(m, FeedForward) and isinstance(m.linear1, nn.Linear) for m in packed.modules())
+    else:
+        assert len(linears) == len([m for m in model.modules() if isinstance(m, nn.Linear)])
+        src = pad_batch([[5, 6, 7]])
+        assert beam_search(packed, src, beam_size=3).hypotheses == beam_search(model, src, beam_size=3).hypotheses

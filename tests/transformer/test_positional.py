@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from transformer.positional import LearnedPositions, SinusoidalPositions, sinusoidal_encoding
+from transformer.positional import POSITIONAL, LearnedPositions, SinusoidalPositions, sinusoidal_encoding
 
 
 def test_shape_and_dtype():
@@ -55,7 +55,7 @@ def test_sinusoidal_module_offsets_and_is_not_saved():
     assert torch.equal(module(5, offset=3), sinusoidal_encoding(20, 8)[3:8])
     assert module(4).shape == (4, 8)
     assert "table" not in module.state_dict()
-    with pytest.raises(ValueError, match="exceeds max_positions 20"):
+    with pytest.raises(ValueError, match=r"exceeds ModelConfig\.max_positions 20"):
         module(6, offset=15)
 
 
@@ -65,5 +65,13 @@ def test_learned_positions():
     assert torch.equal(module(5, offset=2), module.embedding.weight[2:7])
     assert "embedding.weight" in module.state_dict()
     assert module(1).requires_grad
-    with pytest.raises(ValueError, match="exceeds max_positions 20"):
+    with pytest.raises(ValueError, match=r"exceeds ModelConfig\.max_positions 20"):
         module(21)
+
+
+@pytest.mark.parametrize("name", sorted(POSITIONAL))
+def test_every_variant_builds_from_its_name_and_exposes_its_table(name):
+    """The model builds POSITIONAL[name](max_positions, d_model); the export reads ``table``."""
+    module = POSITIONAL[name](20, 8)
+    assert module.table.shape == (20, 8)
+    assert torch.equal(module(5, offset=3), module.table[3:8])

@@ -1,11 +1,12 @@
 """transformer/precision.py: device choice, precision checks, autocast."""
 
 import contextlib
+import warnings
 
 import pytest
 import torch
 
-from transformer.precision import PRECISIONS, autocast, check_precision, default_device
+from transformer.precision import PRECISIONS, autocast, check_precision, cpu_supports_bf16, default_device
 
 
 def test_default_device():
@@ -17,7 +18,9 @@ def test_check_precision():
     cpu = torch.device("cpu")
     assert PRECISIONS == ("fp32", "bf16", "fp16")
     assert check_precision("fp32", cpu) is None
-    assert check_precision("bf16", cpu) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # on CPUs without bf16 kernels: test_bf16_on_a_cpu_without_bf16_kernels_warns
+        assert check_precision("bf16", cpu) is None
     with pytest.raises(ValueError, match="fp16 needs a GPU"):
         check_precision("fp16", cpu)
     with pytest.raises(ValueError, match="train.precision must be one of"):
@@ -35,3 +38,17 @@ def test_autocast():
     assert out.dtype == torch.bfloat16
     assert torch.allclose(out.float(), a @ b, atol=0.1)
     assert a.dtype == torch.float32  # inputs and weights stay float32
+
+
+def test_bf16_on_a_cpu_without_bf16_kernels_warns():
+    """Where oneDNN has bf16 kernels bf16 is accepted silently; elsewhere (AVX2 only) it still runs,
+    15x slower than fp32 (measured), so the check says so. Each machine checks its own case."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_precision("bf16", torch.device("cpu"))
+        check_precision("fp32", torch.device("cpu"))
+    messages = [str(w.message) for w in caught]
+    if cpu_supports_bf16():
+        assert messages == []
+    else:
+        assert len(messages) == 1 and "bf16 matrix products run a slow fallback here, use fp32" in messages[0]

@@ -1,10 +1,13 @@
-"""transformer/search.py: greedy and beam search (§6.1), length penalty, limits, early stop."""
+"""transformer/search.py: greedy and beam search (§6.1), length penalty, limits, early stop,
+and the decoding contract the searches use (``Transformer.decode_step``, ``reorder_cache``,
+``select_sentences``)."""
 
 import pytest
 import torch
 
-from transformer.search import (attention_weights, beam_search, best_continuations, greedy_search,
-                                length_penalty)
+from transformer.config import build_config
+from transformer.model import Transformer
+from transformer.search import attention_weights, beam_search, best_continuations, greedy_search, length_penalty
 from transformer.tokens import BOS_ID, EOS_ID, PAD_ID
 
 from .conftest import pad_batch, tiny_model
@@ -133,7 +136,7 @@ def test_beam_four_on_trained_model(copy_task):
     With fairseq's rule (stop at beam_size finished hypotheses) this failed on 2 of the 200
     held-out copies: weak beams finished first and the search returned a truncated copy
     (normalised score -3.71 against greedy's -0.50). The search now also requires that the
-    best live hypothesis cannot beat the finished ones at its current length.
+    best live hypothesis cannot beat the finished ones, even at its maximum length.
     """
     model, sentences = copy_task.model, copy_task.held_out
     src = pad_batch(sentences)
@@ -145,7 +148,8 @@ def test_beam_four_on_trained_model(copy_task):
         assert beam.scores[i] == pytest.approx(
             sequence_logprob(model, src[i], hyp, 50) / length_penalty(len(hyp) + 1, 0.6), abs=1e-4)
         g = greedy.hypotheses[i]
-        at_least_greedy += beam.scores[i] >= sequence_logprob(model, src[i], g, 50) / length_penalty(len(g) + 1, 0.6) - 1e-5
+        greedy_normalised = sequence_logprob(model, src[i], g, 50) / length_penalty(len(g) + 1, 0.6)
+        at_least_greedy += beam.scores[i] >= greedy_normalised - 1e-5
     assert at_least_greedy == len(sentences)
     assert sum(h == s for h, s in zip(beam.hypotheses, sentences)) >= 0.98 * len(sentences)
 
@@ -198,13 +202,17 @@ def test_greedy_finished_sentences_stop_scoring():
         assert alone.scores[0] == pytest.approx(result.scores[i], abs=1e-4)
 
 
-def test_beam_stops_once_beam_size_hypotheses_have_ended():
+@pytest.mark.parametrize("alpha, steps", [(0.0, 2), (0.6, 4)])
+def test_beam_stops_once_beam_size_hypotheses_have_ended(alpha, steps):
     model = tiny_model(seed=1)
     calls = suppress(model, EOS_ID, 1e3)
-    result = beam_search(model, pad_batch(SENTENCES), beam_size=4)
+    result = beam_search(model, pad_batch(SENTENCES), beam_size=4, alpha=alpha)
     # Step 1 finishes the EOS of the single live beam, step 2 the EOS of the 4 new beams:
-    # 4 finished hypotheses after 2 decoder steps, long before the length limit.
-    assert len(calls) == 2
+    # 4 finished hypotheses, the worst about -1000 / lp(2), while the best live one has about
+    # -2000. alpha 0: it cannot catch up, stop. alpha 0.6: stretched to the maximum length (55)
+    # it would score -2000 / lp(55) ~ -500, so the search goes on until its log-probability,
+    # -1000 more per step, rules that out too: -4000 / lp(55) < -1000 / lp(2) after step 4.
+    assert len(calls) == steps
     assert result.hypotheses == [[]] * len(SENTENCES)
     assert all(-1e-3 < s <= 0.0 for s in result.scores)
 
@@ -244,3 +252,138 @@ def test_beam_size_must_fit_the_vocabulary():
         beam_search(model, src, beam_size=model.config.vocab_size)
     with pytest.raises(ValueError, match="beam_size"):
         beam_search(model, src, beam_size=0)
+
+
+def random_sentences(seed: int, n: int = 30, vocab: int = 24) -> list[list[int]]:
+    """``n`` sentences of 1 to 10 random ordinary tokens."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 11, (n,), generator=g).tolist()
+    return [torch.randint(4, vocab, (length,), generator=g).tolist() for length in lengths]
+
+
+def count_rows(model):
+    """Count the target rows ``decode_step`` computes (the decoder's work), as an instance wrapper."""
+    step, rows = model.decode_step, []
+
+    def counted(tokens, *args, **kwargs):
+        rows.append(tokens.size(0))
+        return step(tokens, *args, **kwargs)
+
+    model.decode_step = counted
+    return rows
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0, 2.0])
+def test_early_stopping_returns_the_best_of_the_search_run_to_the_length_limit(alpha):
+    """The stopping bound is exact: on random models (d_model 16, 3 seeds x 30 sentences, the EOS
+    logit raised by 1, 2 or 3 so that hypotheses end at every length) early stopping returns the
+    same best hypotheses and scores as the search without it, and with alpha <= 1 saves work
+    (alpha 2: lp at the maximum length is too large here for the bound to stop any sooner)."""
+    saved = 0
+    for seed in range(3):
+        torch.manual_seed(seed)
+        model = Transformer(build_config("tiny", 24, d_model=16, n_heads=2, d_ff=32)).eval()
+        suppress(model, EOS_ID, 1.0 + seed)
+        src = pad_batch(random_sentences(100 + seed))
+        rows = count_rows(model)
+        full = beam_search(model, src, beam_size=4, alpha=alpha, max_len_b=10, early_stopping=False)
+        full_rows = sum(rows)
+        rows.clear()
+        early = beam_search(model, src, beam_size=4, alpha=alpha, max_len_b=10)
+        assert early.hypotheses == full.hypotheses
+        assert early.scores == pytest.approx(full.scores, abs=1e-6)
+        assert sum(rows) <= full_rows
+        saved += full_rows - sum(rows)
+    assert saved > 0 or alpha > 1.0
+
+
+class PrefixCache:
+    """A cache that the search can only hand back to its model: the target prefix."""
+
+    def __init__(self) -> None:
+        self.prefix: torch.Tensor | None = None
+
+
+class MarkovModel:
+    """A random Markov chain behind the decoding contract, and nothing else: log P(next token |
+    last token, first source token) from a fixed table with peaked rows (``sharpness``)."""
+
+    def __init__(self, vocab: int, seed: int, sharpness: float) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.config = build_config("tiny", vocab)
+        self.table = torch.log_softmax(sharpness * torch.randn(vocab, vocab, vocab, generator=g), dim=-1)
+
+    def eval(self) -> "MarkovModel":
+        return self
+
+    def encode(self, src):
+        return src[:, :1, None].float(), (src != PAD_ID)[:, None, None, :]
+
+    def new_cache(self) -> PrefixCache:
+        return PrefixCache()
+
+    def decode_step(self, tokens, memory, src_mask, cache):
+        cache.prefix = tokens if cache.prefix is None else torch.cat([cache.prefix, tokens], dim=1)
+        first = memory[:, 0, 0].long().repeat_interleave(tokens.size(0) // memory.size(0))
+        return self.table[first, tokens[:, -1]]
+
+    def reorder_cache(self, cache, order):
+        cache.prefix = cache.prefix.index_select(0, order)
+
+    def select_sentences(self, memory, src_mask, sentences, cache=None):
+        return memory[sentences], src_mask[sentences]
+
+
+@pytest.mark.parametrize("alpha", [0.6, 1.0, 2.0])
+def test_early_stopping_is_exact_where_a_current_length_bound_is_not(alpha):
+    """Random Markov chains whose cheap continuations can outgrow the length penalty: dividing
+    the best live score by lp at its current length (the bound this search used before) stopped
+    10 of these 360 sentence searches too soon (2, 2 and 6 at alpha 0.6, 1 and 2); lp at the
+    maximum length returns the result of the search run to the limit on every one."""
+    for seed in range(4):
+        model = MarkovModel(24, seed, sharpness=2.0)
+        src = pad_batch(random_sentences(seed))
+        full = beam_search(model, src, beam_size=4, alpha=alpha, max_len_b=10, early_stopping=False)
+        early = beam_search(model, src, beam_size=4, alpha=alpha, max_len_b=10)
+        assert early.hypotheses == full.hypotheses
+        assert early.scores == pytest.approx(full.scores, abs=1e-6)
+
+
+class ContractOnly:
+    """``model`` seen only through its decoding contract, its cache an opaque box."""
+
+    class Box:
+        __slots__ = ("cache",)
+
+    def __init__(self, model) -> None:
+        self._model, self.config = model, model.config
+
+    def eval(self):
+        return self
+
+    def encode(self, src):
+        return self._model.encode(src)
+
+    def new_cache(self):
+        box = self.Box()
+        box.cache = self._model.new_cache()
+        return box
+
+    def decode_step(self, tokens, memory, src_mask, box):
+        return self._model.decode_step(tokens, memory, src_mask, box.cache)
+
+    def reorder_cache(self, box, order):
+        self._model.reorder_cache(box.cache, order)
+
+    def select_sentences(self, memory, src_mask, sentences, box=None):
+        return self._model.select_sentences(memory, src_mask, sentences, None if box is None else box.cache)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_searches_use_only_the_decoding_contract(seed):
+    """Through the contract alone both searches return exactly what they return on the model."""
+    model = tiny_model(seed=seed)
+    src = pad_batch(SENTENCES)
+    for search, options in ((greedy_search, dict(max_len_b=8)), (beam_search, dict(beam_size=3, max_len_b=8))):
+        direct, contract = search(model, src, **options), search(ContractOnly(model), src, **options)
+        assert contract.hypotheses == direct.hypotheses and contract.scores == direct.scores

@@ -1,5 +1,6 @@
 """transformer/trainer.py: learning, exact resume in a fresh process, checkpoints, limits."""
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -17,8 +18,16 @@ from transformer.data import TokenBatchSampler, collate, write_token_store
 from transformer.loss import label_smoothed_cross_entropy
 from transformer.schedule import inverse_sqrt_lr
 from transformer.search import greedy_search
-from transformer.tokens import BOS_ID, EOS_ID, PAD_ID
-from transformer.trainer import NonFiniteLossError, OutOfMemoryError, TrainConfig, Trainer, TrainerCallback, list_checkpoints
+from transformer.tokens import BOS_ID, PAD_ID
+from transformer.trainer import (
+    NonFiniteLossError,
+    OutOfMemoryError,
+    TrainConfig,
+    Trainer,
+    TrainerCallback,
+    list_checkpoints,
+    scaler_skipped,
+)
 
 from .conftest import pad_batch, tiny_model
 
@@ -298,6 +307,61 @@ def test_non_finite_loss(store):
     trainer = Trainer(model, config(max_steps=0, max_epochs=1, nan_policy="skip"), store)
     trainer.train()
     assert trainer.step == 0 and trainer.epoch == 1  # every update skipped, none applied
+
+
+# ------------------------------------------------------- fp16 loss scaling
+def test_scaler_skipped_means_a_lower_scale_after_update():
+    assert scaler_skipped(65536.0, 32768.0)
+    assert not scaler_skipped(65536.0, 65536.0)           # a good step
+    assert not scaler_skipped(65536.0, 131072.0)          # a good step that grew the scale
+
+
+def with_fp16_scaler(trainer, init_scale):
+    """fp16 autocast and a real loss scaler on CPU (torch.amp.GradScaler("cpu")). The Trainer refuses
+    fp16 on CPU (slow, and no GPU-free user wants it) and builds its scaler for CUDA, so the test sets
+    both after construction; the code path is the one fp16 training on a GPU runs."""
+    trainer.config = dataclasses.replace(trainer.config, precision="fp16")
+    trainer.scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
+    return trainer
+
+
+class WeightsAtLog(Recorder):
+    def on_train_start(self, trainer):
+        super().on_train_start(trainer)
+        self.trainer, self.weights = trainer, []
+
+    def on_log(self, step, metrics):
+        super().on_log(step, metrics)
+        self.weights.append({k: v.clone() for k, v in self.trainer.model.state_dict().items()})
+
+
+def test_overflowing_fp16_updates_are_skipped_without_advancing_the_schedule(store):
+    """A loss scale of 2^24 overflows fp16 gradients: the scaler skips those updates and halves its
+    scale until they fit. A skipped update consumes its batch but moves neither the weights, nor
+    Adam's state, nor the step count, nor the learning rate (update n runs at eq. 3's rate of step n),
+    and it is not a non-finite loss (nan_policy "stop" does not fire)."""
+    recorder = WeightsAtLog()
+    trainer = with_fp16_scaler(Trainer(tiny_model(vocab_size=30), config(max_steps=2, log_every=1, nan_policy="stop"),
+                                       store, callbacks=[recorder]), 2.0 ** 24)
+    trainer.train()
+    scales = [m["train/loss_scale"] for _, m in recorder.logs]
+    skipped_first = round(24 - math.log2(scales[0]))       # overflows before the first applied update
+    skipped = round(24 - math.log2(trainer.scaler.get_scale()))
+    assert skipped_first >= 1 and scales[1] <= scales[0]
+    usable = len(trainer.sampler.batches(0))
+    assert trainer.epoch * usable + trainer.batch_in_epoch == 2 + skipped  # every batch consumed once
+    assert trainer.step == 2 and trainer.scheduler.last_epoch == 2
+    assert {int(state["step"]) for state in trainer.optimizer.state.values()} == {2}
+    assert [s for s, _ in recorder.logs] == [1, 2]
+    assert [m["train/lr"] for _, m in recorder.logs] == [inverse_sqrt_lr(2, 32, 4), inverse_sqrt_lr(3, 32, 4)]
+    # The first applied update equals one update from the same weights at the scale that worked, on the
+    # batch it ran on: the skipped updates before it left no trace (weights, Adam moments, schedule).
+    reference = with_fp16_scaler(Trainer(tiny_model(vocab_size=30), config(max_steps=1), store), scales[0])
+    reference.epoch, reference.batch_in_epoch = divmod(skipped_first, usable)
+    reference.train()
+    assert round(math.log2(reference.scaler.get_scale())) == round(math.log2(scales[0]))  # no overflow there
+    for name, tensor in reference.model.state_dict().items():
+        assert torch.equal(recorder.weights[0][name], tensor), name
 
 
 def test_stop_request_ends_training(store):

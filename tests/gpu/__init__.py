@@ -1,0 +1,13 @@
+"""Tests that need a CUDA GPU: fused attention, decoding, fp16 loss scaling, resume and NCCL on the device.
+
+Every test here is skipped where ``torch.cuda.is_available()`` is False (CI and the CPU machines);
+run them on a GPU machine with ``python -m pytest -q tests/gpu``.
+"""
+
+import pytest
+import torch
+
+requires_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs a CUDA GPU: these tests check the GPU-only code paths (fused SDPA kernels, CUDA RNG, "
+           "fp16 loss scaling, NCCL)")
