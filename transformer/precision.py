@@ -7,7 +7,7 @@ import warnings
 
 import torch
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 
 def default_device() -> torch.device:
@@ -21,6 +21,16 @@ def cpu_supports_bf16() -> bool:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
         return False
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """``auto``: bf16 where the device has fast bf16 products (a GPU that supports it, a CPU with
+    oneDNN bf16 kernels), else fp32. Other values are returned as they are."""
+    if precision != "auto":
+        return precision
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    return "bf16" if cpu_supports_bf16() else "fp32"
 
 
 def check_precision(precision: str, device: torch.device) -> None:

@@ -28,7 +28,7 @@ from .checkpoint import CheckpointError, init_weights, load_checkpoint, load_sta
 from .data import TokenBatchSampler, TokenStore, collate
 from .loss import label_smoothed_cross_entropy
 from .model import Transformer
-from .precision import PRECISIONS, autocast, check_precision, default_device
+from .precision import PRECISIONS, autocast, check_precision, default_device, resolve_precision
 from .schedule import make_optimizer, make_scheduler
 
 CHECKPOINT_PATTERN = re.compile(r"checkpoint_(\d+)\.pt$")
@@ -179,6 +179,7 @@ class Trainer:
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("train.device is cuda but no GPU is visible")
         check_precision(config.precision, self.device)
+        self.precision = resolve_precision(config.precision, self.device)
         self.rank, self.world_size = _distributed()
         if self.device.type == "cuda" and self.world_size > 1:
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
@@ -200,7 +201,7 @@ class Trainer:
         self.callbacks = callbacks or []
         self.optimizer = make_optimizer(model.parameters(), weight_decay=config.weight_decay)
         self.scheduler = make_scheduler(self.optimizer, model.config.d_model, config.warmup_steps, config.lr_scale)
-        self.scaler = torch.amp.GradScaler("cuda", enabled=config.precision == "fp16" and self.device.type == "cuda")
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16" and self.device.type == "cuda")
         self.sampler = TokenBatchSampler(
             train_data.lengths["src"], train_data.lengths["tgt"], config.max_tokens, seed=config.seed,
             rank=self.rank, world_size=self.world_size, max_positions=model.config.max_positions,
@@ -440,7 +441,7 @@ class Trainer:
             ctx = self.forward_model.no_sync() if no_sync else contextlib.nullcontext()
             try:
                 with ctx:
-                    with autocast(c.precision, self.device):
+                    with autocast(self.precision, self.device):
                         logits = self.forward_model(batch.src, batch.tgt_in)
                     out = label_smoothed_cross_entropy(logits, batch.tgt_out, self.pad_id, c.label_smoothing)
                     self.scaler.scale(out.loss * norm).backward()
@@ -503,7 +504,7 @@ class Trainer:
         tokens = 0
         for idx in sampler.batches(0):
             batch = collate(data, idx, c.pad_multiple).to(self.device)
-            with autocast(c.precision, self.device):
+            with autocast(self.precision, self.device):
                 logits = self.model(batch.src, batch.tgt_in)
             out = label_smoothed_cross_entropy(logits, batch.tgt_out, self.pad_id, c.label_smoothing)
             loss += float(out.loss)

@@ -87,7 +87,7 @@ def train(callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
               "fresh optimiser and learning-rate schedule", flush=True)
     if rank == 0:
         print(f"model: {model.num_parameters():,} parameters, vocabulary {config.vocab_size}, "
-              f"{len(train_data):,} training pairs, device {trainer.device}, precision {params.train.precision}, "
+              f"{len(train_data):,} training pairs, device {trainer.device}, precision {trainer.precision}, "
               f"{trainer.world_size} process(es)", flush=True)
     start = time.monotonic()
     valid = trainer.train()

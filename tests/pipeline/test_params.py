@@ -21,7 +21,7 @@ def write(tmp_path, edit):
 
 def test_the_shipped_params_load_into_typed_configs():
     params = load_params(REPO / "params.yaml")
-    assert isinstance(params.train, TrainConfig) and params.train.precision == "bf16"
+    assert isinstance(params.train, TrainConfig) and params.train.precision == "auto"
     assert params.model.config(8000).d_model == 256 and params.model.config(8000).vocab_size == 8000
     assert params.data.pair == "en-de" and params.data.test_sets == ["test_2016_flickr"]
     flat = params.flat()
@@ -53,7 +53,7 @@ BAD = [
     (setter("train", "update_freq", 0), "params.yaml: train.update_freq must be a positive integer, got 0"),
     (setter("train", "lr_scale", -1.0), "params.yaml: train.lr_scale must be a non-negative number, got -1.0"),
     (setter("train", "label_smoothing", 1.0), "params.yaml: train.label_smoothing must be in [0, 1), got 1.0"),
-    (setter("train", "precision", "fp8"), "params.yaml: train.precision must be one of ('fp32', 'bf16', 'fp16'), got 'fp8'"),
+    (setter("train", "precision", "fp8"), "params.yaml: train.precision must be one of ('auto', 'fp32', 'bf16', 'fp16'), got 'fp8'"),
     (setter("train", "device", "tpu"), "params.yaml: train.device must be auto, cpu or cuda, got 'tpu'"),
     (setter("train", "nan_policy", "ignore"), "params.yaml: train.nan_policy must be 'skip' or 'stop', got 'ignore'"),
     (setter("train", "max_epochs", True), "params.yaml: train.max_epochs must be an integer, got True"),

@@ -16,7 +16,7 @@ def test_default_device():
 
 def test_check_precision():
     cpu = torch.device("cpu")
-    assert PRECISIONS == ("fp32", "bf16", "fp16")
+    assert PRECISIONS == ("auto", "fp32", "bf16", "fp16")
     assert check_precision("fp32", cpu) is None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")   # on CPUs without bf16 kernels: test_bf16_on_a_cpu_without_bf16_kernels_warns
@@ -52,3 +52,11 @@ def test_bf16_on_a_cpu_without_bf16_kernels_warns():
         assert messages == []
     else:
         assert len(messages) == 1 and "bf16 matrix products run a slow fallback here, use fp32" in messages[0]
+
+
+def test_auto_is_bf16_only_where_bf16_products_are_fast():
+    from transformer.precision import cpu_supports_bf16, resolve_precision
+
+    cpu = torch.device("cpu")
+    assert resolve_precision("auto", cpu) == ("bf16" if cpu_supports_bf16() else "fp32")
+    assert [resolve_precision(p, cpu) for p in ("fp32", "bf16", "fp16")] == ["fp32", "bf16", "fp16"]
