@@ -11,16 +11,17 @@ import os
 import sys
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import yaml
 
 from pipeline.data.registry import check_data_params
 from pipeline.data.spec import DataError
 from transformer.config import PRESETS, ConfigError, ModelConfig, build_config
-from transformer.trainer import TrainConfig
+from transformer.train_config import TrainConfig
 
 PARAMS_FILE = Path(os.environ.get("PARAMS_FILE", "params.yaml"))
 T = TypeVar("T")
@@ -368,7 +369,7 @@ def _build(cls: Callable[..., T], section: str, values: Any) -> T:
     try:
         return cls(**checked)
     except (ValueError, TypeError) as err:
-        message = str(err)
+        message = str(err).replace("TrainConfig.", "train.")   # the package's field names, as params keys
         raise ParamsError(message if message.startswith("params.yaml") else f"params.yaml: {message}") from None
 
 
@@ -445,11 +446,12 @@ def run_stage(main: Callable[[], None]) -> None:
     """Run a stage's ``main``; a user error (bad params, bad data, unusable checkpoint) prints
     one line and exits 2, without a traceback."""
     from transformer.checkpoint import CheckpointError
-    from transformer.trainer import NonFiniteLossError, OutOfMemoryError
+    from transformer.train_config import NonFiniteLossError, OutOfMemoryError
 
     try:
         main()
     except (ParamsError, DataError, CheckpointError, OutOfMemoryError, NonFiniteLossError) as err:
         message = "; ".join(line.strip() for line in str(err).splitlines() if line.strip())  # one line, always
+        message = message.replace("TrainConfig.", "train.")   # the package's field names, as params.yaml keys
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)

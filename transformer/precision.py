@@ -36,16 +36,16 @@ def resolve_precision(precision: str, device: torch.device) -> str:
 def check_precision(precision: str, device: torch.device) -> None:
     """Raise ``ValueError`` for a precision this device cannot run, before any work."""
     if precision not in PRECISIONS:
-        raise ValueError(f"train.precision must be one of {PRECISIONS}, got {precision!r}")
+        raise ValueError(f"TrainConfig.precision must be one of {PRECISIONS}, got {precision!r}")
     if device.type == "cpu" and precision == "fp16":
-        raise ValueError("train.precision fp16 needs a GPU; on CPU use bf16 or fp32")
+        raise ValueError("TrainConfig.precision fp16 needs a GPU; on CPU use bf16 or fp32")
     if device.type == "cpu" and precision == "bf16" and not cpu_supports_bf16():
         # Measured on an AVX2-only AMD EPYC: a 4096x256x1024 bf16 product at ~5 GFLOP/s against
         # ~40 in fp32, and a training step of the small preset 15x slower than in fp32.
-        warnings.warn("train.precision bf16 on a CPU without oneDNN bf16 kernels (AVX512 or AMX): "
+        warnings.warn("TrainConfig.precision bf16 on a CPU without oneDNN bf16 kernels (AVX512 or AMX): "
                       "bf16 matrix products run a slow fallback here, use fp32", stacklevel=2)
     if device.type == "cuda" and precision == "bf16" and not torch.cuda.is_bf16_supported():
-        raise ValueError("train.precision bf16 is not supported by this GPU; use fp16 or fp32")
+        raise ValueError("TrainConfig.precision bf16 is not supported by this GPU; use fp16 or fp32")
 
 
 def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:

@@ -16,7 +16,7 @@ import os
 import re
 import signal
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +28,9 @@ from .checkpoint import CheckpointError, init_weights, load_checkpoint, load_sta
 from .data import TokenBatchSampler, TokenStore, collate
 from .loss import label_smoothed_cross_entropy
 from .model import Transformer
-from .precision import PRECISIONS, autocast, check_precision, default_device, resolve_precision
+from .precision import autocast, check_precision, default_device, resolve_precision
 from .schedule import make_optimizer, make_scheduler
+from .train_config import NonFiniteLossError, OutOfMemoryError, TrainConfig  # noqa: F401  (API)
 
 CHECKPOINT_PATTERN = re.compile(r"checkpoint_(\d+)\.pt$")
 # TrainConfig fields that may change between a checkpoint and its resumption. ``init_from`` is a
@@ -52,75 +53,6 @@ def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> 
     return out
 
 
-@dataclass(frozen=True)
-class TrainConfig:
-    """Training hyper-parameters. ``max_tokens`` counts padded tokens per batch per device;
-    an update is ``update_freq`` batches (gradient accumulation).
-
-    ``init_from`` ("" = random initialisation) names a model checkpoint (an averaged model or a
-    training checkpoint) whose weights a new training starts from: fine-tuning. Only the weights
-    are taken; the optimiser (Adam's moments) and the learning-rate schedule (eq. 3) start fresh,
-    warm-up included, as in a training from scratch.
-    """
-
-    max_tokens: int = 4096
-    update_freq: int = 1
-    warmup_steps: int = 4000
-    lr_scale: float = 1.0
-    label_smoothing: float = 0.1
-    clip_norm: float = 0.0
-    weight_decay: float = 0.0
-    max_steps: int = 0
-    max_epochs: int = 0
-    max_minutes: float = 0.0
-    precision: str = "fp32"
-    seed: int = 1
-    log_every: int = 50
-    validate_every: int = 0
-    checkpoint_every_steps: int = 1000
-    checkpoint_every_minutes: float = 0.0
-    keep_checkpoints: int = 5
-    pad_multiple: int = 1
-    compile: bool = False
-    nan_policy: str = "skip"
-    device: str = "auto"
-    init_from: str = ""
-
-    def __post_init__(self) -> None:
-        for name in ("max_tokens", "update_freq", "warmup_steps", "log_every", "keep_checkpoints", "pad_multiple"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"train.{name} must be a positive integer, got {value!r}")
-        for name in ("max_steps", "max_epochs", "validate_every", "checkpoint_every_steps", "seed"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"train.{name} must be a non-negative integer, got {value!r}")
-        for name in ("lr_scale", "clip_norm", "weight_decay", "max_minutes", "checkpoint_every_minutes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"train.{name} must be a non-negative number, got {value!r}")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ValueError(f"train.label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
-        if not (self.max_steps or self.max_epochs or self.max_minutes):
-            raise ValueError("train needs a limit: set train.max_steps, train.max_epochs or train.max_minutes")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"train.precision must be one of {PRECISIONS}, got {self.precision!r}")
-        if self.nan_policy not in ("skip", "stop"):
-            raise ValueError(f"train.nan_policy must be 'skip' or 'stop', got {self.nan_policy!r}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"train.device must be auto, cpu or cuda, got {self.device!r}")
-        if not isinstance(self.init_from, str):
-            raise ValueError(f"train.init_from must be a path (or \"\" for none), got {self.init_from!r}")
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown train key(s): {', '.join(unknown)}")
-        return cls(**values)
-
-
 class TrainerCallback:
     """Hooks the pipeline uses to observe training; every method is optional."""
 
@@ -132,14 +64,6 @@ class TrainerCallback:
     def checkpoint_state(self) -> dict[str, Any]:
         """Extra (plain) values to store in each checkpoint, e.g. a tracking run id."""
         return {}
-
-
-class OutOfMemoryError(RuntimeError):
-    """A batch did not fit in memory; the message names the batch's size and the knob to turn."""
-
-
-class NonFiniteLossError(RuntimeError):
-    """The loss became NaN or infinite and ``nan_policy`` is ``stop``."""
 
 
 def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
@@ -177,7 +101,7 @@ class Trainer:
         self.config = config
         self.device = default_device() if config.device == "auto" else torch.device(config.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError("train.device is cuda but no GPU is visible")
+            raise ValueError("TrainConfig.device is cuda but no GPU is visible")
         check_precision(config.precision, self.device)
         self.precision = resolve_precision(config.precision, self.device)
         self.rank, self.world_size = _distributed()
@@ -194,7 +118,7 @@ class Trainer:
             try:
                 self.init_sha256 = init_weights(self.model, config.init_from, map_location=self.device)
             except CheckpointError as err:
-                raise CheckpointError(f"train.init_from: {err}") from None
+                raise CheckpointError(f"TrainConfig.init_from: {err}") from None
         self.pad_id = model.config.pad_id
         self.train_data, self.valid_data = train_data, valid_data
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
@@ -449,8 +373,8 @@ class Trainer:
                 rows, width = batch.tgt_in.shape
                 raise OutOfMemoryError(
                     f"out of memory on a batch of {rows} sentences x {max(width, batch.src.size(1))} tokens "
-                    f"(train.max_tokens={c.max_tokens}): lower train.max_tokens and raise train.update_freq "
-                    f"to keep the same tokens per update") from err
+                    f"(TrainConfig.max_tokens={c.max_tokens}): lower TrainConfig.max_tokens and raise "
+                    "TrainConfig.update_freq to keep the same tokens per update") from err
             loss_sum += out.loss.detach()
             nll_sum += out.nll
         self.scaler.unscale_(self.optimizer)

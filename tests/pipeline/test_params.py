@@ -104,7 +104,7 @@ BAD = [
     (setter("flows", "retrain_mode", "continue"), "params.yaml: flows.retrain_mode must be one of scratch, finetune, "
                                                   "got 'continue'"),
     (lambda p: p.update(trian={}), "params.yaml: unknown section trian"),
-    (lambda p: p["train"].update(max_epochs=0, max_steps=0, max_minutes=0), "params.yaml: train needs a limit"),
+    (lambda p: p["train"].update(max_epochs=0, max_steps=0, max_minutes=0), "params.yaml: train.max_steps, train.max_epochs and train.max_minutes are all 0: set a limit"),
 ]
 
 

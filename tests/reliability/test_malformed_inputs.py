@@ -233,7 +233,7 @@ CASES = [
     Case("params/fp16-on-cpu", "train", "train.precision fp16 needs a GPU", set_("train", precision="fp16")),
     Case("params/cuda-without-gpu", "train", "train.device is cuda but no GPU is visible",
          set_("train", device="cuda")),
-    Case("params/no-training-limit", "train", "train needs a limit",
+    Case("params/no-training-limit", "train", "train.max_steps, train.max_epochs and train.max_minutes are all 0",
          set_("train", max_steps=0, max_epochs=0, max_minutes=0)),
     Case("params/vocab-too-large", "tokenizer", "tokenizer.vocab_size 5000 is larger than this corpus supports",
          set_("tokenizer", vocab_size=5000)),

@@ -23,7 +23,7 @@ def test_check_precision():
         assert check_precision("bf16", cpu) is None
     with pytest.raises(ValueError, match="fp16 needs a GPU"):
         check_precision("fp16", cpu)
-    with pytest.raises(ValueError, match="train.precision must be one of"):
+    with pytest.raises(ValueError, match="TrainConfig.precision must be one of"):
         check_precision("fp64", cpu)
 
 

@@ -1,0 +1,87 @@
+"""Training hyper-parameters (§5) and the errors a training stops with: what a caller needs to
+configure a ``Trainer`` without loading the training code itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .precision import PRECISIONS
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Training hyper-parameters. ``max_tokens`` counts padded tokens per batch per device;
+    an update is ``update_freq`` batches (gradient accumulation).
+
+    ``init_from`` ("" = random initialisation) names a model checkpoint (an averaged model or a
+    training checkpoint) whose weights a new training starts from: fine-tuning. Only the weights
+    are taken; the optimiser (Adam's moments) and the learning-rate schedule (eq. 3) start fresh,
+    warm-up included, as in a training from scratch.
+    """
+
+    max_tokens: int = 4096
+    update_freq: int = 1
+    warmup_steps: int = 4000
+    lr_scale: float = 1.0
+    label_smoothing: float = 0.1
+    clip_norm: float = 0.0
+    weight_decay: float = 0.0
+    max_steps: int = 0
+    max_epochs: int = 0
+    max_minutes: float = 0.0
+    precision: str = "fp32"
+    seed: int = 1
+    log_every: int = 50
+    validate_every: int = 0
+    checkpoint_every_steps: int = 1000
+    checkpoint_every_minutes: float = 0.0
+    keep_checkpoints: int = 5
+    pad_multiple: int = 1
+    compile: bool = False
+    nan_policy: str = "skip"
+    device: str = "auto"
+    init_from: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("max_tokens", "update_freq", "warmup_steps", "log_every", "keep_checkpoints", "pad_multiple"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"TrainConfig.{name} must be a positive integer, got {value!r}")
+        for name in ("max_steps", "max_epochs", "validate_every", "checkpoint_every_steps", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"TrainConfig.{name} must be a non-negative integer, got {value!r}")
+        for name in ("lr_scale", "clip_norm", "weight_decay", "max_minutes", "checkpoint_every_minutes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"TrainConfig.{name} must be a non-negative number, got {value!r}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"TrainConfig.label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
+        if not (self.max_steps or self.max_epochs or self.max_minutes):
+            raise ValueError("TrainConfig.max_steps, TrainConfig.max_epochs and TrainConfig.max_minutes are all 0: "
+                             "set a limit")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"TrainConfig.precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.nan_policy not in ("skip", "stop"):
+            raise ValueError(f"TrainConfig.nan_policy must be 'skip' or 'stop', got {self.nan_policy!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"TrainConfig.device must be auto, cpu or cuda, got {self.device!r}")
+        if not isinstance(self.init_from, str):
+            raise ValueError(f"TrainConfig.init_from must be a path (or \"\" for none), got {self.init_from!r}")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown TrainConfig field(s): {', '.join(unknown)}")
+        return cls(**values)
+
+
+class OutOfMemoryError(RuntimeError):
+    """A batch did not fit in memory; the message names the batch's size and the knob to turn."""
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or infinite and ``nan_policy`` is ``stop``."""
