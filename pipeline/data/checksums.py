@@ -16,13 +16,15 @@ Published hashes (in the registry) win over both. The file is rewritten atomical
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.data.spec import DataError
 from transformer.atomic import write_text
 
-CHECKSUMS_FILE = Path(__file__).with_name("checksums.json")
+# DATA_CHECKSUMS names another file (benchmarks and scratch runs keep the repository's record clean).
+CHECKSUMS_FILE = Path(os.environ.get("DATA_CHECKSUMS") or Path(__file__).with_name("checksums.json"))
 UPSTREAM = ""   # the ``source`` of a download from the upstream URL (else the mirror's key)
 COMMENT = ("sha256 of upstream files that publish none, recorded on first download by pipeline/data/checksums.py "
            "and checked on every later use. 'sha256': downloaded from the upstream URL; 'mirror_sha256': first "

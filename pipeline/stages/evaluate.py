@@ -23,6 +23,7 @@ import torch
 from pipeline import paths, tracking
 from pipeline.attention_plots import plot_attention
 from pipeline.io import read_lines, write_json, write_lines
+from pipeline.paper_bleu import bleu_tok_compound_split
 from pipeline.params import Decoding, Params, ParamsError, decoding_settings, load_params, run_stage
 from pipeline.translation import Translator
 from transformer.checkpoint import CheckpointError, file_sha256, load_checkpoint, model_from_checkpoint
@@ -45,6 +46,16 @@ def score(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
     return {"bleu": round(b.score, 2), "chrf": round(c.score, 2),
             "length_ratio": round(b.sys_len / b.ref_len, 3) if b.ref_len else 0.0,
             "signature": str(bleu.get_signature()), "chrf_signature": str(chrf.get_signature())}
+
+
+PAPER_KEY = "bleu_tok_compound_split"
+
+
+def paper_score(hypotheses: list[str], references: list[str], lang: str) -> dict[str, Any]:
+    """The WMT score the paper reports (tokenized BLEU with compound splitting, Table 2), under its own
+    name beside sacreBLEU's: the two differ by points and must never be compared with each other."""
+    result = bleu_tok_compound_split(hypotheses, references, lang)
+    return {PAPER_KEY: round(result.score, 2), f"{PAPER_KEY}_description": result.description}
 
 
 def scores_of_test_sets(metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -156,6 +167,10 @@ def evaluate(params: Params) -> dict[str, Any]:
                              "decode_seconds": round(seconds, 1)}
         print(f"{test_set}: BLEU {metrics[test_set]['bleu']:.2f}  chrF {metrics[test_set]['chrf']:.2f}  "
               f"({len(sources)} sentences, {seconds:.0f} s)  {metrics[test_set]['signature']}", flush=True)
+        if data.dataset.startswith("wmt"):
+            metrics[test_set].update(paper_score(hypotheses, references, data.tgt_lang))
+            print(f"{test_set}: {PAPER_KEY} {metrics[test_set][PAPER_KEY]:.2f}, as the paper measured BLEU "
+                  f"(not sacreBLEU): {metrics[test_set][PAPER_KEY + '_description']}", flush=True)
         if test_set == data.test_sets[0] and e.attention_sentences:
             draw_attention(translator, sources, e.attention_sentences, paths.ATTENTION_DIR)
 
@@ -204,6 +219,8 @@ def track(params: Params, metrics: dict[str, Any], decoding: Decoding, seconds: 
     values = {"time/evaluate_seconds": seconds}
     for test_set, m in scores_of_test_sets(metrics).items():
         values.update({f"test/{test_set}/bleu": m["bleu"], f"test/{test_set}/chrf": m["chrf"]})
+        if PAPER_KEY in m:
+            values[f"test/{test_set}/{PAPER_KEY}"] = m[PAPER_KEY]
     for dev_set, m in metrics[DEV].items():
         values.update({f"dev/{dev_set}/bleu": m["bleu"], f"dev/{dev_set}/chrf": m["chrf"]})
     # What a sweep ranks runs by: val BLEU with the settings this run's model is registered with.
