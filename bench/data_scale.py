@@ -120,7 +120,8 @@ def make_mirror(pairs: int, root: Path, seed: int, eval_sentences: int) -> float
     shutil.rmtree(root, ignore_errors=True)
     start = time.monotonic()
     subprocess.run([sys.executable, "-m", "tests.wmt14_fixture", "--pairs", str(pairs), "--out", str(root),
-                    "--seed", str(seed), "--dev", str(eval_sentences), "--test", str(eval_sentences)], cwd=REPO, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+                    "--seed", str(seed), "--dev", str(eval_sentences), "--test", str(eval_sentences)],
+                   cwd=REPO, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     stamp.write_text("ok\n")
     return time.monotonic() - start
 
@@ -170,8 +171,9 @@ def main() -> None:
               f"{disk_bytes(mirror) / 2**20:,.0f} MiB", flush=True)
         ws = workspace(args.work / f"ws-{pairs}", args)
         with range_server(mirror, cut_once=set()) as (url, _):
-            env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "DATA_MIRROR": url, "NO_PROXY": "127.0.0.1",
-                   "no_proxy": "127.0.0.1", "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}",
+            env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "DATA_MIRROR": url,
+                   "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1",
+                   "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}",
                    "DATA_CHECKSUMS": str(ws / "checksums.json")}   # the synthetic hashes stay out of the repo
             stages = [("download", [python, "-m", "pipeline.stages.download"]),
                       ("tokenizer", [python, "-m", "pipeline.stages.tokenizer"])]

@@ -267,13 +267,15 @@ class FlowsParams:
         try:
             cronsim.CronSim(self.schedule_cron, datetime(2024, 1, 1))
         except cronsim.CronSimError as err:
-            raise ValueError(f"flows.schedule_cron {self.schedule_cron!r} is not a valid cron expression: {err}") from None
+            raise ValueError(f"flows.schedule_cron {self.schedule_cron!r} "
+                             f"is not a valid cron expression: {err}") from None
         try:
             ZoneInfo(self.schedule_timezone)
         except (ValueError, KeyError):
             raise ValueError(f"flows.schedule_timezone {self.schedule_timezone!r} is not an IANA time zone") from None
         if not self.deployment_name.strip() or any(c in self.deployment_name for c in "/%"):
-            raise ValueError(f"flows.deployment_name must be non-empty without '/' or '%', got {self.deployment_name!r}")
+            raise ValueError("flows.deployment_name must be non-empty without '/' or '%', "
+                             f"got {self.deployment_name!r}")
         if self.retrain_mode not in RETRAIN_MODES:
             raise ValueError(f"flows.retrain_mode must be one of {', '.join(RETRAIN_MODES)}, got {self.retrain_mode!r}")
         if not 0 < self.significance < 1:

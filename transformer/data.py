@@ -63,7 +63,7 @@ class TokenStoreWriter:
             self.files[side].write(flat.tobytes())
             self.lengths[side].extend(lengths)
 
-    def close(self) -> "TokenStore":
+    def close(self) -> TokenStore:
         for side in SIDES:
             self.files[side].close()
             lengths = np.frombuffer(self.lengths[side], dtype=np.int64) if len(self.lengths[side]) else \
@@ -96,7 +96,7 @@ class TokenStoreWriter:
 
 
 def write_token_store(path: str | os.PathLike, pairs: Iterable[tuple[Sequence[int], Sequence[int]]],
-                      vocab_size: int) -> "TokenStore":
+                      vocab_size: int) -> TokenStore:
     writer = TokenStoreWriter(path, vocab_size)
     try:
         for src, tgt in pairs:
@@ -153,7 +153,7 @@ class Batch:
     def n_target_tokens(self) -> int:
         return int(self.tgt_out.ne(PAD_ID).sum())
 
-    def to(self, device: torch.device | str) -> "Batch":
+    def to(self, device: torch.device | str) -> Batch:
         return Batch(*(t.to(device, non_blocking=True) for t in (self.src, self.tgt_in, self.tgt_out)))
 
 
@@ -183,8 +183,8 @@ class TokenBatchSampler:
     tokens on its longer side (the paper: ~25000 source and target tokens per batch, §5.1).
 
     Pairs are sorted by length with a seeded random tie-break, cut into batches, and the
-    batch order is shuffled (padding: see ``padding_fraction``); everything is a function of (seed, epoch), so a run can resume
-    at batch i of epoch e exactly. With ``world_size`` > 1 each rank takes every
+    batch order is shuffled (padding: see ``padding_fraction``); everything is a function of
+    (seed, epoch), so a run can resume at batch i of epoch e exactly. With ``world_size`` > 1 each rank takes every
     world_size-th batch (DistributedSampler's convention).
     """
 

@@ -95,7 +95,8 @@ def encode_to_store(tokenizer: Tokenizer, src: Iterable[str], tgt: Iterable[str]
             a = list(itertools.islice(src_it, chunk_pairs))
             b = list(itertools.islice(tgt_it, len(a) if a else 1))
             if len(a) != len(b):
-                raise ValueError(f"the source side has {'more' if len(a) > len(b) else 'fewer'} lines than the target side")
+                raise ValueError(f"the source side has {'more' if len(a) > len(b) else 'fewer'} "
+                                 "lines than the target side")
             if not a:
                 break
             writer.add_many(tokenizer.encode(a, num_threads), tokenizer.encode(b, num_threads))

@@ -79,12 +79,14 @@ def _write_train(data: DataParams, corpora: list[Located],
             limit = data.limit_train_pairs - kept
             # Past the limit, keep reading: raw counts and alignment cover the whole corpus.
             r, k = _copy_clean(read_pairs(src, tgt), fs, ft, data, dropped,
-                               lambda s, done: "limit" if data.limit_train_pairs and done >= limit else None)
+                               lambda s, done, limit=limit:
+                               "limit" if data.limit_train_pairs and done >= limit else None)
             raw, kept = raw + r, kept + k
             per_corpus[corpus.name] = r
     if kept == 0:
         detail = ", ".join(f"{k} {v}" for k, v in dropped.items() if v)
-        raise DataError(f"{TRAIN_SPLIT}: no sentence pairs left after cleaning ({raw} raw pairs{'; dropped: ' + detail if detail else ''})")
+        raise DataError(f"{TRAIN_SPLIT}: no sentence pairs left after cleaning "
+                        f"({raw} raw pairs{'; dropped: ' + detail if detail else ''})")
     return {"raw": raw, "kept": kept, "dropped": dropped, "corpora": per_corpus}
 
 
@@ -144,7 +146,8 @@ def _write_eval(data: DataParams, split: str, corpora: list[Located],
             for number, (s, t) in enumerate(read_pairs(src, tgt), 1):
                 for text, side in ((s, src[1]), (t, tgt[1])):
                     if not text:
-                        raise DataError(f"{split}: {side.label} sentence {number} is empty (evaluation sets are not filtered)")
+                        raise DataError(f"{split}: {side.label} sentence {number} is empty "
+                                        "(evaluation sets are not filtered)")
                 fs.write(s + "\n")
                 ft.write(t + "\n")
                 count += 1

@@ -129,7 +129,7 @@ def fetch_file(
             except DataError as err:
                 raise DataError(f"{err}{hint}") from None
     else:
-        import pooch           # imported here: checking params must not need it
+        import pooch  # imported here: checking params must not need it
         import requests
 
         if expected is None:

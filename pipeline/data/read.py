@@ -32,7 +32,8 @@ def read_lines(path: Path, fmt: str, label: str) -> Iterator[str]:
                 try:
                     text = raw.decode("utf-8")
                 except UnicodeDecodeError as err:
-                    raise DataError(f"{label}: line {lineno} is not valid UTF-8 ({err.reason} at byte {err.start})") from None
+                    raise DataError(f"{label}: line {lineno} is not valid UTF-8 "
+                                    f"({err.reason} at byte {err.start})") from None
                 if fmt == "sgm":
                     match = _SEG.search(text)
                     if match is None:

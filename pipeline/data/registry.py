@@ -33,7 +33,8 @@ def check_data_params(dataset: str, src_lang: str, tgt_lang: str, valid_set: str
         raise ValueError(f"data.dataset {dataset!r} is not in the registry (known: {', '.join(REGISTRY)})")
     for key, lang in (("src_lang", src_lang), ("tgt_lang", tgt_lang)):
         if lang not in spec.languages:
-            raise ValueError(f"data.{key} {lang!r} is not a language of {spec.name} (known: {', '.join(spec.languages)})")
+            raise ValueError(f"data.{key} {lang!r} is not a language of {spec.name} "
+                             f"(known: {', '.join(spec.languages)})")
 
     def check_eval(key: str, split: str) -> None:
         if split == TRAIN_SPLIT:

@@ -37,7 +37,8 @@ def wmt14_spec(other: str) -> DatasetSpec:
     ]
     if other == "fr":
         train.append(Corpus("un", in_archive(_UN, "un/undoc.2000.fr-en.{lang}")))
-    train.append(Corpus("news-commentary-v9", in_archive(_NEWS_COMMENTARY, f"training/news-commentary-v9.{pair}.{{lang}}")))
+    train.append(Corpus("news-commentary-v9",
+                        in_archive(_NEWS_COMMENTARY, f"training/news-commentary-v9.{pair}.{{lang}}")))
     if other == "fr":
         train.append(Corpus("giga-fren", in_archive(_GIGA_FREN, "giga-fren.release2.fixed.{lang}.gz", "gz")))
     # newstest2014 "full": the en side is the source file of the en->xx direction, the other side

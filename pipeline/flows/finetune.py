@@ -99,7 +99,7 @@ def fetch_champion(client: MlflowClient, name: str, version: str, root: Path,
                                     (files["tokenizer"], folder / TOKENIZER_FILE, tokenizer_sha)):
             if not (root / target).is_file() or file_sha256(root / target) != sha:
                 data = source.read_bytes()
-                atomic_write(root / target, lambda f: f.write(data))
+                atomic_write(root / target, lambda f, data=data: f.write(data))
     return folder / MODEL_FILE, folder / TOKENIZER_FILE, model_sha
 
 

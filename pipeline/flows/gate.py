@@ -184,7 +184,8 @@ def promote_if_better(client: MlflowClient, name: str, challenger: ModelVersion,
         decision.reason = f"version {challenger.version} already is the champion (no new model)"
         return decision
     if champion is None:
-        decision.verdict, decision.reason = FIRST_MODEL, f"no {CHAMPION_ALIAS} yet: the first complete model is promoted"
+        decision.verdict = FIRST_MODEL
+        decision.reason = f"no {CHAMPION_ALIAS} yet: the first complete model is promoted"
     else:
         if not systems or gate_set not in systems:
             raise GateError(f"the gate needs both models' translations of the gate set {gate_set}")

@@ -16,10 +16,25 @@ from prefect.cache_policies import NO_CACHE
 
 from pipeline import paths, tracking
 from pipeline.flows.finetune import FINETUNE, RetrainPlan, plan_retraining
-from pipeline.flows.gate import (Decision, GateError, Systems, challenger_version, current_champion,
-                                 promote_if_better, translate_with_version)
-from pipeline.flows.stages import (RETRIES, STAGES, check_overrides, check_stages, experiment_task, run_dvc,
-                                   stage_task, version_task)
+from pipeline.flows.gate import (
+    Decision,
+    GateError,
+    Systems,
+    challenger_version,
+    current_champion,
+    promote_if_better,
+    translate_with_version,
+)
+from pipeline.flows.stages import (
+    RETRIES,
+    STAGES,
+    check_overrides,
+    check_stages,
+    experiment_task,
+    run_dvc,
+    stage_task,
+    version_task,
+)
 from pipeline.io import read_lines
 from pipeline.params import Params, load_params
 

@@ -126,7 +126,8 @@ def check_stages(workdir: Path) -> None:
         raise FileNotFoundError(f"{dvc_yaml} does not exist: workdir must be the repository root")
     stages = list((yaml.safe_load(dvc_yaml.read_text()) or {}).get("stages", {}))
     if stages != list(STAGES):
-        raise RuntimeError(f"dvc.yaml has stages {stages}, the flows run {list(STAGES)}: update pipeline/flows/stages.py")
+        raise RuntimeError(f"dvc.yaml has stages {stages}, the flows run {list(STAGES)}: "
+                           "update pipeline/flows/stages.py")
 
 
 def check_overrides(overrides: list[str]) -> None:

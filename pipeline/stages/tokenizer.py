@@ -67,7 +67,8 @@ def count_lines(path: Path, chunk_bytes: int = 1 << 22) -> int:
         try:
             decoder.decode(b"", final=True)
         except UnicodeDecodeError as err:
-            raise DataError(f"{path}: line {lines + 1} is not valid UTF-8 ({err.reason} at the end of the file)") from None
+            raise DataError(f"{path}: line {lines + 1} is not valid UTF-8 "
+                            f"({err.reason} at the end of the file)") from None
     return lines + (1 if last not in (b"", b"\n") else 0)
 
 
@@ -108,7 +109,8 @@ def encode_splits(data: DataParams, tokenizer: Tokenizer) -> dict[str, dict[str,
     for split in dict.fromkeys(["train", data.valid_set, *data.test_sets]):
         store = encode_to_store(tokenizer, corpus_lines(paths.corpus_file(split, data.src_lang)),
                                 corpus_lines(paths.corpus_file(split, data.tgt_lang)), paths.token_store(split))
-        counts[split] = {"pairs": len(store), "src_tokens": store.num_tokens("src"), "tgt_tokens": store.num_tokens("tgt")}
+        counts[split] = {"pairs": len(store), "src_tokens": store.num_tokens("src"),
+                         "tgt_tokens": store.num_tokens("tgt")}
     return counts
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+from datetime import UTC
 from pathlib import Path
 
 import pytest
@@ -424,7 +425,8 @@ def test_gate_promotes_better_rejects_worse_keeps_champion_on_tie(registry):
     assert decision.verdict == "rejected"
     assert str(client.get_model_version_by_alias(MODEL, CHAMPION_ALIAS).version) == better
     tags = client.get_run(client.get_model_version(MODEL, tie).run_id).data.tags
-    assert tags["gate.main.p_value"] == "1.0000" and tags["gate.main.champion_bleu"] == tags["gate.main.challenger_bleu"]
+    assert tags["gate.main.p_value"] == "1.0000"
+    assert tags["gate.main.champion_bleu"] == tags["gate.main.challenger_bleu"]
 
 
 def test_a_challenger_better_on_test_but_not_on_the_development_set_is_not_promoted(registry):
@@ -493,7 +495,8 @@ def test_served_deployment_has_the_configured_schedule_and_survives_a_restart(pr
     (schedule,) = deployment.schedules
     assert schedule.schedule.cron == "15 4 * * 2" and schedule.schedule.timezone == "Europe/Berlin"
     assert schedule.active and deployment.parameters == {"workdir": str(tmp_path)}
-    assert deployment.entrypoint == "pipeline.flows.pipelines.retraining" and deployment.global_concurrency_limit.limit == 1
+    assert deployment.entrypoint == "pipeline.flows.pipelines.retraining"
+    assert deployment.global_concurrency_limit.limit == 1
     assert deployment.paused   # the runner stopped: paused, not deleted
 
     # a restart of the serving process: the same deployment, one schedule, active again
@@ -515,7 +518,6 @@ def _sqlalchemy_2_1() -> bool:
 def test_the_server_scheduler_turns_the_schedule_into_runs(prefect_api, tmp_path):
     """What the server's scheduler service does on every pass, called on the harness's database."""
     import asyncio
-    from datetime import timezone
     from zoneinfo import ZoneInfo
 
     from prefect.server.database import provide_database_interface
@@ -537,7 +539,7 @@ def test_the_server_scheduler_turns_the_schedule_into_runs(prefect_api, tmp_path
         runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
     assert runs and all(r.state.is_scheduled() and r.parameters == {"workdir": str(tmp_path)} for r in runs)
     for run in runs:   # "15 4 * * 2" in Europe/Berlin: Tuesdays 04:15 local time
-        local = run.expected_start_time.astimezone(timezone.utc).astimezone(ZoneInfo("Europe/Berlin"))
+        local = run.expected_start_time.astimezone(UTC).astimezone(ZoneInfo("Europe/Berlin"))
         assert (local.weekday(), local.hour, local.minute) == (1, 4, 15)
 
 

@@ -53,7 +53,8 @@ BAD = [
     (setter("train", "update_freq", 0), "params.yaml: train.update_freq must be a positive integer, got 0"),
     (setter("train", "lr_scale", -1.0), "params.yaml: train.lr_scale must be a non-negative number, got -1.0"),
     (setter("train", "label_smoothing", 1.0), "params.yaml: train.label_smoothing must be in [0, 1), got 1.0"),
-    (setter("train", "precision", "fp8"), "params.yaml: train.precision must be one of ('auto', 'fp32', 'bf16', 'fp16'), got 'fp8'"),
+    (setter("train", "precision", "fp8"),
+     "params.yaml: train.precision must be one of ('auto', 'fp32', 'bf16', 'fp16'), got 'fp8'"),
     (setter("train", "device", "tpu"), "params.yaml: train.device must be auto, cpu or cuda, got 'tpu'"),
     (setter("train", "nan_policy", "ignore"), "params.yaml: train.nan_policy must be 'skip' or 'stop', got 'ignore'"),
     (setter("train", "max_epochs", True), "params.yaml: train.max_epochs must be an integer, got True"),
@@ -61,7 +62,8 @@ BAD = [
     (setter("model", "preset", "huge"), "params.yaml: model.preset 'huge' does not exist"),
     (setter("model", "n_heads", 7), "params.yaml: model.d_model (256) must be divisible by model.n_heads (7)"),
     (setter("model", "dropout", 1.5), "params.yaml: model.dropout must be a number in [0, 1), got 1.5"),
-    (setter("model", "activation", "swish"), "params.yaml: model.activation must be one of ('relu', 'gelu'), got 'swish'"),
+    (setter("model", "activation", "swish"),
+     "params.yaml: model.activation must be one of ('relu', 'gelu'), got 'swish'"),
     (setter("model", "positional", "rotary"), "params.yaml: model.positional must be one of"),
     (setter("model", "depth", 3), "params.yaml: unknown key model.depth"),
     (setter("data", "dataset", "nope"), "data.dataset 'nope' is not in the registry"),
@@ -104,7 +106,8 @@ BAD = [
     (setter("flows", "retrain_mode", "continue"), "params.yaml: flows.retrain_mode must be one of scratch, finetune, "
                                                   "got 'continue'"),
     (lambda p: p.update(trian={}), "params.yaml: unknown section trian"),
-    (lambda p: p["train"].update(max_epochs=0, max_steps=0, max_minutes=0), "params.yaml: train.max_steps, train.max_epochs and train.max_minutes are all 0: set a limit"),
+    (lambda p: p["train"].update(max_epochs=0, max_steps=0, max_minutes=0),
+     "params.yaml: train.max_steps, train.max_epochs and train.max_minutes are all 0: set a limit"),
 ]
 
 

@@ -211,7 +211,8 @@ def test_prefect_server_started_by_the_flows_binds_loopback_only(tmp_path):
         said = [proc.stdout.readline()]         # "Prefect server on http://127.0.0.1:<port> ...", then the URL
         while said[-1] and not said[-1].startswith("http"):
             said.append(proc.stdout.readline())
-        assert said[-1].strip() == f"http://127.0.0.1:{port}/api", (said, proc.stderr.read()[-3000:] if not said[-1] else "")
+        assert said[-1].strip() == f"http://127.0.0.1:{port}/api", \
+            (said, proc.stderr.read()[-3000:] if not said[-1] else "")
         servers = psutil.Process(proc.pid).children(recursive=True)
         found = listening(proc.pid)
         assert_loopback_only(found, port)

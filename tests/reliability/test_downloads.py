@@ -32,8 +32,8 @@ from pipeline.data.spec import DataError
 from pipeline.params import DataParams
 from pipeline.resumable import partial_path
 
-from .conftest import REPO
 from ..fakes import RAW, corrupt, fake_multi30k, http_server, published_spec
+from .conftest import REPO
 
 MIRROR = REPO.parent / "shared" / "data" / "multi30k"
 NEEDED = [f"{RAW}/{split}.{lang}.gz" for split in ("train", "val", "test_2016_flickr") for lang in ("en", "de")]
@@ -41,7 +41,9 @@ CACHE_NAME = registry.REGISTRY["multi30k"].cache_name
 
 
 def files_under(folder: Path) -> list[str]:
-    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if not p.is_dir()) if folder.exists() else []
+    if not folder.exists():
+        return []
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if not p.is_dir())
 
 
 @pytest.mark.skipif(not (MIRROR / RAW / "train.en.gz").is_file(), reason=f"the Multi30k mirror is not at {MIRROR}")

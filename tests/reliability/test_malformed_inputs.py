@@ -32,16 +32,27 @@ import torch
 import yaml
 
 from pipeline.data import checksums, registry
-from pipeline.data.spec import DataError
 from pipeline.data.fetch import extract_tar
+from pipeline.data.spec import DataError
 from pipeline.params import run_stage
 from transformer.checkpoint import load_checkpoint, model_checkpoint, save_checkpoint
 from transformer.config import build_config
 from transformer.model import Transformer
 from transformer.tokenizer import train_tokenizer
 
-from ..fakes import (RAW, corrupt, device, fake_multi30k, fake_statmt, link, published_spec, sentences, snapshot, tar,
-                    write_gz)
+from ..fakes import (
+    RAW,
+    corrupt,
+    device,
+    fake_multi30k,
+    fake_statmt,
+    link,
+    published_spec,
+    sentences,
+    snapshot,
+    tar,
+    write_gz,
+)
 
 CKPT_2 = "models/checkpoints/checkpoint_00000002.pt"
 CKPT_4 = "models/checkpoints/checkpoint_00000004.pt"

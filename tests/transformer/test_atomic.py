@@ -8,8 +8,7 @@ import stat
 
 import pytest
 
-from transformer.atomic import (atomic_dir, atomic_write, dir_sha256, file_sha256, write_json, write_lines,
-                                write_text)
+from transformer.atomic import atomic_dir, atomic_write, dir_sha256, file_sha256, write_json, write_lines, write_text
 
 
 @pytest.fixture

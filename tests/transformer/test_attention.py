@@ -8,6 +8,7 @@ import torch
 
 from transformer.attention import KVCache, MultiHeadAttention, scaled_dot_product_attention
 
+
 @pytest.fixture(autouse=True)
 def _no_grad():
     with torch.no_grad():

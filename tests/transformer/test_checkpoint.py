@@ -5,8 +5,18 @@ import os
 import pytest
 import torch
 
-from transformer.checkpoint import (CheckpointError, atomic_write, average_checkpoints, file_sha256, init_weights,
-                                    load_checkpoint, load_model, load_state, model_checkpoint, save_checkpoint)
+from transformer.checkpoint import (
+    CheckpointError,
+    atomic_write,
+    average_checkpoints,
+    file_sha256,
+    init_weights,
+    load_checkpoint,
+    load_model,
+    load_state,
+    model_checkpoint,
+    save_checkpoint,
+)
 from transformer.tokens import BOS_ID
 
 from .conftest import pad_batch, tiny_model

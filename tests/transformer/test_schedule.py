@@ -45,7 +45,8 @@ def test_adam_hyperparameters():
     assert group["betas"] == (0.9, 0.98)
     assert group["eps"] == 1e-9
     assert group["weight_decay"] == 0.0
-    assert make_optimizer([torch.nn.Parameter(torch.zeros(1))], weight_decay=0.01).param_groups[0]["weight_decay"] == 0.01
+    decayed = make_optimizer([torch.nn.Parameter(torch.zeros(1))], weight_decay=0.01)
+    assert decayed.param_groups[0]["weight_decay"] == 0.01
 
 
 def test_scheduler_gives_rate_of_step_n_at_update_n():

@@ -397,7 +397,8 @@ def test_train_config_validation(field, value, message):
 
 
 def test_train_config_needs_a_limit_and_known_keys():
-    with pytest.raises(ValueError, match="TrainConfig.max_steps, TrainConfig.max_epochs and TrainConfig.max_minutes are all 0"):
+    with pytest.raises(ValueError,
+                       match="TrainConfig.max_steps, TrainConfig.max_epochs and TrainConfig.max_minutes are all 0"):
         TrainConfig()
     with pytest.raises(ValueError, match="unknown TrainConfig field.*epochs"):
         TrainConfig.from_dict({"epochs": 3})

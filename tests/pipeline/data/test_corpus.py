@@ -8,28 +8,25 @@ present. Nothing here touches the network or the repository's checksums.json.
 
 from __future__ import annotations
 
-import functools
 import gzip
 import hashlib
-import http.server
 import json
 import re
 import shutil
 import tarfile
-import threading
 from pathlib import Path
 
 import pytest
 
 from pipeline.data import checksums, multi30k, registry
 from pipeline.data.corpus import prepare_corpus
-from pipeline.data.registry import check_data_params
-from pipeline.data.spec import DataError, DatasetSpec
 from pipeline.data.fetch import extract_tar
+from pipeline.data.registry import check_data_params
+from pipeline.data.spec import DataError
 from pipeline.params import DataParams
 
-from .conftest import CACHE_NAME, cached, lines, publish
 from ...fakes import RAW, fake_multi30k, fake_statmt, link, sentences, tar, write_gz
+from .conftest import cached, lines, publish
 
 REPO = Path(__file__).resolve().parents[3]
 MIRROR = REPO.parent / "shared" / "data" / "multi30k"
@@ -49,7 +46,8 @@ def test_registry_lists_the_three_data_sets():
                  if c.sides[lang].file.sha256}
     assert published == set(multi30k.MULTI30K_SHA256)
     fr = registry.REGISTRY["wmt14_en_fr"]
-    assert [c.name for c in fr.splits["train"]] == ["europarl-v7", "commoncrawl", "un", "news-commentary-v9", "giga-fren"]
+    assert [c.name for c in fr.splits["train"]] == ["europarl-v7", "commoncrawl", "un", "news-commentary-v9",
+                                                    "giga-fren"]
     assert registry.REGISTRY["wmt14_en_de"].url(fr.splits["newstest2014"][0].sides["fr"].file) == \
         "http://www.statmt.org/wmt14/test-full.tgz"
 
@@ -68,7 +66,8 @@ def test_published_hashes_match_the_mirror_readme():
     ({"dataset": "wmt14_en_de", "tgt_lang": "fr", "valid_set": "newstest2013", "test_sets": ["newstest2014"]},
      "data.tgt_lang 'fr' is not a language of wmt14_en_de (known: de, en)"),
     ({"test_sets": ["test_2099"]}, "data.test_sets: 'test_2099' is not a split of multi30k (known: val, "),
-    ({"tgt_lang": "cs", "test_sets": ["test_2017_flickr"]}, "data.test_sets: test_2017_flickr has no cs side in multi30k"),
+    ({"tgt_lang": "cs", "test_sets": ["test_2017_flickr"]},
+     "data.test_sets: test_2017_flickr has no cs side in multi30k"),
     ({"valid_set": "newstest2013"}, "data.valid_set: 'newstest2013' is not a split of multi30k"),
     ({"valid_set": "train"}, "data.valid_set: train is the training split"),
     ({"test_sets": ["test_2016_flickr", "test_2016_flickr"]}, "data.test_sets: test_2016_flickr is listed twice"),
@@ -171,7 +170,8 @@ def test_mirror_hashes_never_masquerade_as_upstream(http_mirror, tmp_path, monke
     prepare_corpus(data, tmp_path / "corpus", cache, retries=0, progress=False)
     recorded = json.loads(checksums.CHECKSUMS_FILE.read_text())
     key = f"{url}upstream/{RAW}/test_2017_flickr.de.gz"
-    assert recorded["sha256"][key] == hashlib.sha256((upstream / RAW / "test_2017_flickr.de.gz").read_bytes()).hexdigest()
+    upstream_bytes = (upstream / RAW / "test_2017_flickr.de.gz").read_bytes()
+    assert recorded["sha256"][key] == hashlib.sha256(upstream_bytes).hexdigest()
     assert recorded["sha256"][key] != recorded["mirror_sha256"][f"{url}mirror"][key]
 
     # the mirror again: now upstream's record is the reference, and the repacked file is refused
@@ -272,7 +272,8 @@ def test_empty_line_in_an_evaluation_set_is_an_error(tmp_path, monkeypatch):
 
 
 def test_empty_corpus_after_cleaning(tmp_path, monkeypatch):
-    with pytest.raises(DataError, match=r"^train: no sentence pairs left after cleaning \(20 raw pairs; dropped: too_long 20\)"):
+    with pytest.raises(DataError, match=r"^train: no sentence pairs left after cleaning "
+                                        r"\(20 raw pairs; dropped: too_long 20\)"):
         _prepare_local(tmp_path, monkeypatch, {}, max_words=2)
 
 
@@ -335,7 +336,8 @@ def test_wmt14_archives_are_read_as_registered(name, tmp_path, monkeypatch):
     assert lines(out / f"newstest2014.{other}") == sentences("newstest2014", other, 3)
     assert lines(out / "newstest2014.en") == sentences("newstest2014", "en", 3)
     recorded = json.loads(checksums.CHECKSUMS_FILE.read_text())["mirror_sha256"][str(root.resolve())]
-    assert set(recorded) == {spec.url(f) for c in spec.splits.values() for x in c for f in {s.file for s in x.sides.values()}}
+    assert set(recorded) == {spec.url(f) for c in spec.splits.values() for x in c
+                             for f in {s.file for s in x.sides.values()}}
     assert all(recorded[s["url"]] == s["sha256"] for s in stats["sources"])
 
     # the next run checks the recorded hashes: a changed archive on the mirror is refused
@@ -382,7 +384,8 @@ def test_incoming_pairs_are_cleaned_appended_and_counted(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("files, message", [
     ({"news.en": ["a"]}, r"incoming/news\.de is missing: incoming data comes in pairs <name>\.en and <name>\.de"),
-    ({"news.en": ["a", "b"], "news.de": ["a"]}, r"misaligned corpus: .*incoming/news\.en has 2 lines but .*news\.de has 1"),
+    ({"news.en": ["a", "b"], "news.de": ["a"]},
+     r"misaligned corpus: .*incoming/news\.en has 2 lines but .*news\.de has 1"),
     ({"news.en": ["a"], "news.de": ["a"], "more.en.dvc": "outs: []\n"}, r"incoming/more\.en is versioned by DVC "
                                                                         r"\(more\.en\.dvc\) but missing: run dvc pull"),
 ])

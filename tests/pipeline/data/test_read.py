@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.data.spec import DataError, RemoteFile, Side
 from pipeline.data.read import read_lines, read_pairs
+from pipeline.data.spec import DataError, RemoteFile, Side
 
 SGM = """<refset setid="newstest2014" srclang="any" trglang="de">
 <doc sysid="ref" docid="1012-bbc" genre="news" origlang="en">

@@ -118,13 +118,13 @@ def test_count_lines_streams_and_names_the_bad_line(tmp_path, chunk_bytes):
     from pipeline.stages.tokenizer import count_lines
 
     good = tmp_path / "good.de"
-    good.write_bytes("Grüße\nStraße\n日本\nno newline at the end".encode("utf-8"))
+    good.write_bytes("Grüße\nStraße\n日本\nno newline at the end".encode())
     assert count_lines(good, chunk_bytes) == 4
     bad = tmp_path / "bad.de"
-    bad.write_bytes("Grüße\nStraße\n".encode("utf-8") + b"ab\xc3(\n" + "日本\n".encode("utf-8"))
+    bad.write_bytes("Grüße\nStraße\n".encode() + b"ab\xc3(\n" + "日本\n".encode())
     with pytest.raises(DataError, match=r"bad.de: line 3 is not valid UTF-8 \(invalid continuation byte at byte 18\)"):
         count_lines(bad, chunk_bytes)
     cut = tmp_path / "cut.de"
-    cut.write_bytes("Grüße\n".encode("utf-8") + "日".encode("utf-8")[:2])
+    cut.write_bytes("Grüße\n".encode() + "日".encode()[:2])
     with pytest.raises(DataError, match="cut.de: line 2 is not valid UTF-8"):
         count_lines(cut, chunk_bytes)
