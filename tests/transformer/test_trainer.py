@@ -248,8 +248,9 @@ def test_init_from_another_model_config_is_one_clear_error(store, tmp_path):
     init = save_init(tmp_path / "init.pt", seed=3, d_ff=48)
     with pytest.raises(CheckpointError) as err:
         Trainer(tiny_model(vocab_size=30), config(init_from=str(init)), store)
-    assert str(err.value) == f"train.init_from: {init} was trained with another model config: d_ff 48 (this model: 64)"
-    with pytest.raises(CheckpointError, match=r"train.init_from: .*missing.pt does not exist"):
+    assert str(err.value) == (f"TrainConfig.init_from: {init} was trained with another model config: "
+                              "d_ff 48 (this model: 64)")
+    with pytest.raises(CheckpointError, match=r"TrainConfig.init_from: .*missing.pt does not exist"):
         Trainer(tiny_model(vocab_size=30), config(init_from=str(tmp_path / "missing.pt")), store)
     with pytest.raises(ValueError, match="TrainConfig.init_from must be a path"):
         config(init_from=3)
