@@ -41,6 +41,15 @@ sweep: setup  ## params/sweep.yaml's grid as queued DVC experiments, one at a ti
 serve: setup  ## serve the scheduled retraining flow (Prefect)
 	$(BIN)/python -m pipeline.flows serve
 
+.PHONY: serve-model
+serve-model: setup  ## serve the registry's champion (else latest) translator over HTTP on 127.0.0.1:MODEL_PORT (default 5001)
+	$(BIN)/python -m pipeline.serving --port $(or $(MODEL_PORT),5001)
+
+.PHONY: docs
+docs: setup  ## docs/figures: the paper's figures and worked numbers (with the trained model when `make run` made one)
+	$(BIN)/python -m pipeline.paper_figures --out docs/figures \
+	  $(if $(and $(wildcard models/model.pt),$(wildcard data/tokenizer/spm.model)),--model models/model.pt --tokenizer data/tokenizer/spm.model)
+
 clean:  ## remove outputs (keeps .venv and the MLflow store)
 	rm -rf data/corpus data/tokenizer data/tokens models reports/attention reports/translations \
 	       reports/*.csv reports/*.json

@@ -1,44 +1,121 @@
 """The translator as an MLflow pyfunc model: ``predict`` turns source sentences into translations.
 
 Logged with the averaged checkpoint and the SentencePiece model as artifacts and the
-``transformer`` and ``pipeline`` packages as code, so ``mlflow.pyfunc.load_model`` needs
-nothing from this repository.
+``transformer`` and ``pipeline`` packages as code, so ``mlflow.pyfunc.load_model`` (and
+``mlflow models serve``) needs nothing from this repository. The decoding settings the
+evaluate stage scored with travel in the model's ``model_config`` (and as the defaults of the
+signature's params); a request may override ``beam_size`` and ``alpha``.
+
+``predict`` checks its input before decoding anything, and a bad request is an
+``MlflowException`` with ``INVALID_PARAMETER_VALUE`` (the scoring server answers 400 with the
+message and keeps serving): an empty or non-string text, a text over ``MAX_CHARS`` characters
+or over the model's source positions in pieces, more than ``MAX_SENTENCES`` sentences in one
+request, a beam size outside 1..``MAX_BEAM`` or a negative alpha.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import mlflow
 import pandas as pd
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
 PIP_REQUIREMENTS_OF = ("torch", "numpy", "sentencepiece", "pandas", "mlflow")
+MAX_CHARS = 1000        # characters per sentence: refused before tokenizing (Multi30k's longest is ~300)
+MAX_SENTENCES = 256     # sentences per request: one request must not hold the server for minutes
+MAX_BEAM = 16           # decoding cost grows with the beam; the paper uses 4 (§6.1)
+
+
+def invalid(message: str) -> MlflowException:
+    """A bad request: the scoring server answers 400 with ``message``."""
+    return MlflowException(message, error_code=INVALID_PARAMETER_VALUE)
+
+
+def _describe(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}"[:80]
+
+
+def sentences_of(model_input: Any) -> list[str]:
+    """The sentences of a request: a DataFrame with a ``text`` column (or one column), a list of
+    str, or a str. Raises ``invalid`` for anything else and for a value that is not a string."""
+    if isinstance(model_input, pd.DataFrame):
+        if "text" in model_input.columns:
+            values = model_input["text"].tolist()
+        elif len(model_input.columns) == 1:
+            values = model_input.iloc[:, 0].tolist()
+        else:
+            raise invalid(f"expected a 'text' column, got columns {list(model_input.columns)[:5]}")
+    elif isinstance(model_input, pd.Series):
+        values = model_input.tolist()
+    elif isinstance(model_input, str):
+        values = [model_input]
+    elif isinstance(model_input, (list, tuple)):
+        values = list(model_input)
+    else:
+        raise invalid(f"expected text: a 'text' column, a list of strings or a string, got {_describe(model_input)}")
+    for i, value in enumerate(values):
+        if not isinstance(value, str):
+            raise invalid(f"text[{i}] is {_describe(value)}: every input must be a string (one sentence)")
+    return values
 
 
 class TranslatorModel(mlflow.pyfunc.PythonModel):
     """pyfunc wrapper of ``pipeline.translation.Translator`` (beam search, §6.1)."""
 
     def load_context(self, context: Any) -> None:
-        from pipeline.translation import Translator
-        from transformer.checkpoint import load_model
-        from transformer.tokenizer import Tokenizer
+        from pipeline.translation import DecodingConfig, load_translator
 
-        self.translator = Translator(load_model(context.artifacts["model"]), Tokenizer(context.artifacts["tokenizer"]))
+        config = getattr(context, "model_config", None) or {}
+        # Models logged before model_config carried the settings decode with the paper's (§6.1).
+        self.translator = load_translator(context.artifacts["model"], context.artifacts["tokenizer"],
+                                          DecodingConfig.of(config.get("decoding", {})))
+
+    def check(self, sentences: list[str]) -> list[list[int]]:
+        """The pieces of each sentence; ``invalid`` for an empty or over-long one, or too many."""
+        if not sentences:
+            raise invalid("no text to translate: send at least one sentence")
+        if len(sentences) > MAX_SENTENCES:
+            raise invalid(f"{len(sentences)} sentences in one request; at most {MAX_SENTENCES}: split the request")
+        for i, sentence in enumerate(sentences):
+            if not sentence.strip():
+                raise invalid(f"text[{i}] is empty: send a sentence to translate")
+            if len(sentence) > MAX_CHARS:
+                raise invalid(f"text[{i}] has {len(sentence)} characters; at most {MAX_CHARS} (one sentence per "
+                              "input)")
+        ids = self.translator.tokenizer.encode([s.strip() for s in sentences])
+        limit = self.translator.max_source_tokens
+        for i, pieces in enumerate(ids):
+            if len(pieces) > limit:
+                raise invalid(f"text[{i}] is {len(pieces)} pieces long; the model reads at most {limit} "
+                              "(one sentence per input)")
+        return ids
+
+    def decoding(self, params: Mapping[str, Any] | None) -> tuple[int, float]:
+        """The request's beam size and alpha (the model's own where not given), checked."""
+        params = params or {}
+        try:
+            beam_size = int(params.get("beam_size", self.translator.beam_size))
+            alpha = float(params.get("alpha", self.translator.alpha))
+        except (TypeError, ValueError) as err:
+            raise invalid(f"params: beam_size must be an integer and alpha a number ({err})") from None
+        if not 1 <= beam_size <= MAX_BEAM:
+            raise invalid(f"params: beam_size must be between 1 and {MAX_BEAM}, got {beam_size}")
+        if not 0 <= alpha <= 10:
+            raise invalid(f"params: alpha must be between 0 and 10, got {alpha}")
+        return beam_size, alpha
 
     def predict(self, context, model_input, params=None):  # noqa: ANN001, ANN201 (MLflow reads type hints as a schema)
-        """model_input: a DataFrame with a ``text`` column (or one column), a list of str, or a str."""
-        if isinstance(model_input, pd.DataFrame):
-            column = "text" if "text" in model_input.columns else model_input.columns[0]
-            sentences = model_input[column].astype(str).tolist()
-        elif isinstance(model_input, str):
-            sentences = [model_input]
-        else:
-            sentences = [str(s) for s in model_input]
-        params = params or {}
-        self.translator.beam_size = int(params.get("beam_size", self.translator.beam_size))
-        self.translator.alpha = float(params.get("alpha", self.translator.alpha))
-        return self.translator.translate(sentences)
+        """model_input: a DataFrame with a ``text`` column (or one column), a list of str, or a str.
+        Returns the translations, one str per input, in order. The translator is shared by the
+        server's concurrent requests, so a request's settings are arguments, never its state."""
+        ids = self.check(sentences_of(model_input))
+        beam_size, alpha = self.decoding(params)
+        return self.translator.tokenizer.decode(self.translator.translate_ids(ids, beam_size, alpha))
 
 
 def _pins() -> list[str]:
@@ -47,22 +124,70 @@ def _pins() -> list[str]:
     return [f"{name}=={version(name).split('+')[0]}" for name in PIP_REQUIREMENTS_OF]
 
 
+def _run_decoding(run_id: str, beam_size: int, alpha: float) -> dict[str, Any]:
+    """The decoding settings to register: beam size and alpha as chosen, the rest from the run's
+    ``evaluate.*`` params (the paper's defaults where the run has none), and where each came from
+    (the evaluate stage's ``decoding.*_from`` tags)."""
+    from pipeline.tracking import client
+    from pipeline.translation import DecodingConfig
+
+    run = client().get_run(run_id)
+    p, t = run.data.params, run.data.tags
+    settings = {k.removeprefix("evaluate."): v for k, v in p.items() if k.startswith("evaluate.")}
+    parsed = {}
+    for key, value in settings.items():
+        try:
+            parsed[key] = json.loads(value)
+        except ValueError:
+            parsed[key] = value    # a plain string (precision: fp32)
+    decoding = DecodingConfig.of({**parsed, "beam_size": int(beam_size), "alpha": float(alpha)}).to_dict()
+    for key in ("beam_size", "alpha"):
+        decoding[f"{key}_from"] = t.get(f"decoding.{key}_from", "params")
+    return decoding
+
+
 def log_translator(run_id: str, model_file: Path, tokenizer_file: Path, registered_name: str,
-                   beam_size: int, alpha: float) -> str | None:
-    """Log the pyfunc model into ``run_id`` and register it; returns the new registry version."""
+                   beam_size: int, alpha: float, *, metrics_file: Path | None = None,
+                   corpus_stats_file: Path | None = None) -> str | None:
+    """Log the pyfunc model into ``run_id``, register it and write its model card (description
+    and tags, ``pipeline.tracking.describe_version``); returns the new registry version.
+
+    ``metrics_file`` (default ``reports/metrics.json``) holds the test scores and signatures,
+    ``corpus_stats_file`` (default ``data/corpus/stats.json``) the data cleaning counts.
+    """
     from mlflow.models import infer_signature
 
     import pipeline
     import transformer
+    from pipeline import paths, tracking
+    from transformer.checkpoint import load_checkpoint
 
+    decoding = _run_decoding(run_id, beam_size, alpha)
     example = pd.DataFrame({"text": ["A man is walking."]})
-    signature = infer_signature(example, ["Ein Mann geht."], params={"beam_size": beam_size, "alpha": alpha})
+    signature = infer_signature(example, ["Ein Mann geht."],
+                                params={"beam_size": int(beam_size), "alpha": float(alpha)})
     with mlflow.start_run(run_id=run_id):
         info = mlflow.pyfunc.log_model(
             name="translator", python_model=TranslatorModel(),
             artifacts={"model": str(model_file), "tokenizer": str(tokenizer_file)},
             code_paths=[str(Path(transformer.__file__).parent), str(Path(pipeline.__file__).parent)],
             pip_requirements=_pins(), signature=signature, input_example=example,
+            model_config={"decoding": {k: v for k, v in decoding.items() if not k.endswith("_from")}},
             registered_model_name=registered_name,
         )
-    return str(info.registered_model_version) if info.registered_model_version is not None else None
+    if info.registered_model_version is None:
+        return None
+    version = str(info.registered_model_version)
+
+    def read_json(path: Path) -> dict[str, Any]:
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    model_config = load_checkpoint(model_file).get("model_config", {})
+    tracking.best_effort("model card", tracking.describe_version, registered_name, version, run_id,
+                         metrics=read_json(metrics_file or paths.METRICS), decoding=decoding,
+                         model_config=model_config,
+                         corpus_stats=read_json(corpus_stats_file or paths.CORPUS_DIR / "stats.json"))
+    return version

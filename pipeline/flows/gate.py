@@ -241,10 +241,7 @@ def translate_with_version(client: MlflowClient, name: str, version: str, source
     tokenizer, the pyfunc model's artifacts). ``beam_size`` / ``alpha`` None: the version's own
     registered settings (what its evaluate stage chose). Returns the translations by set and the
     beam size and alpha used."""
-    from pipeline.translation import Translator
-    from transformer.checkpoint import load_model
-    from transformer.precision import default_device
-    from transformer.tokenizer import Tokenizer
+    from pipeline.translation import DecodingConfig, load_translator
 
     with tempfile.TemporaryDirectory(prefix="champion-") as tmp:
         files = version_files(client, name, version, Path(tmp), tracking_uri)
@@ -254,9 +251,8 @@ def translate_with_version(client: MlflowClient, name: str, version: str, source
         if None in settings.values():
             raise GateError(f"{name} version {version} records no decoding settings (beam_size, alpha) in its "
                             "signature: not a model logged by the evaluate stage")
-        translator = Translator(load_model(files["model"], default_device()), Tokenizer(files["tokenizer"]),
-                                int(settings["beam_size"]), float(settings["alpha"]), max_len_b, batch_sentences,
-                                precision)
+        translator = load_translator(files["model"], files["tokenizer"], DecodingConfig(
+            int(settings["beam_size"]), float(settings["alpha"]), max_len_b, batch_sentences, precision))
         return {name_: translator.translate(list(lines)) for name_, lines in sources.items()}, settings
 
 

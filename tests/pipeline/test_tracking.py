@@ -8,7 +8,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,10 +20,10 @@ from mlflow.tracking import MlflowClient
 from pipeline import tracking
 from pipeline.translation import Translator
 from transformer.checkpoint import load_model
-from transformer.tokenizer import Tokenizer
 from transformer.config import build_config
 from transformer.data import write_token_store
 from transformer.model import Transformer
+from transformer.tokenizer import Tokenizer
 from transformer.trainer import TrainConfig, Trainer
 
 from .conftest import BIN

@@ -15,16 +15,25 @@ from transformer.tokenizer import Tokenizer
 SOURCES = ["A man is riding a bike.", "", "Two dogs play in the snow."]
 
 
+def tuned(workspace):
+    """The decoding settings evaluate used: params.yaml's evaluate section, tune's choice for nulls."""
+    from pipeline.params import decoding_settings, load_params
+
+    return decoding_settings(load_params(workspace.path / "params.yaml").evaluate,
+                             workspace.path / "reports/tune.json")
+
+
 def test_translates_stdin_like_the_translator(workspace):
     done = subprocess.run([sys.executable, "-m", "pipeline.translate"], cwd=workspace.path, env=workspace.env,
                           input="\n".join(SOURCES) + "\n", capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
     assert len(lines) == 3 and lines[1] == ""                          # empty lines kept in place
+    chosen = tuned(workspace)
     evaluate = yaml.safe_load((workspace.path / "params.yaml").read_text())["evaluate"]
     translator = Translator(load_model(workspace.path / "models/model.pt"),
-                            Tokenizer(workspace.path / "data/tokenizer/spm.model"), evaluate["beam_size"],
-                            evaluate["alpha"], evaluate["max_len_b"])
+                            Tokenizer(workspace.path / "data/tokenizer/spm.model"), chosen.beam_size,
+                            chosen.alpha, evaluate["max_len_b"])
     assert [lines[0], lines[2]] == translator.translate([SOURCES[0], SOURCES[2]])
 
 
@@ -37,8 +46,9 @@ def test_file_output_and_defaults_from_params(workspace, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert len(out.read_text().splitlines()) == 3
     usage = workspace.run(sys.executable, "-m", "pipeline.translate", "--help").stdout
-    evaluate = yaml.safe_load((workspace.path / "params.yaml").read_text())["evaluate"]
-    assert f"default: {evaluate['alpha']}, from params.yaml's evaluate section" in " ".join(usage.split())
+    chosen = tuned(workspace)
+    assert chosen.alpha_from == "tune"   # evaluate.alpha is null: the tune stage's choice on val
+    assert f"default: {chosen.alpha}, from reports/tune.json (tuned on the validation set)" in " ".join(usage.split())
 
 
 def test_missing_model_is_one_line(workspace, tmp_path):
