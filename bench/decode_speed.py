@@ -3,7 +3,7 @@
 Four decoders translate the same source sentences with beam 4 (§6.1) on the same weights:
 
 (a) ours: ``transformer.search.beam_search``, batched, with the decoder's key/value cache
-    (one new position per hypothesis and step), through ``pipeline.translation.Translator``
+    (one new position per hypothesis and step), through ``pipeline.translator.Translator``
     (weights packed once for oneDNN, ``transformer.packed``), fp32, and with bf16 weights;
 (b) naive: the reference of ``ratio=``. The same search and batching on the plain eager model
     (the package's ``nn.Linear`` layers, as trained: ``packed=False``), but every step re-runs
@@ -50,8 +50,9 @@ import torch
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from pipeline.decoding import DecodingConfig
 from pipeline.export import build_spec, export_ctranslate2, sentencepiece_vocabulary
-from pipeline.translation import Translator
+from pipeline.translator import Translator
 from transformer.checkpoint import load_model
 from transformer.config import build_config
 from transformer.data import write_token_store
@@ -176,7 +177,7 @@ def timed(decoders: dict[str, Decoder], ids: list[list[int]], rounds: int
 def floating_point_work(model: nn.Module, tokenizer: Tokenizer | None, ids: list[list[int]], options: dict) -> float:
     """Floating-point operations of translating ``ids`` (matrix products, attention included), as
     counted by PyTorch on the plain (unpacked) layers."""
-    translator = Translator(model, tokenizer, **options, packed=False)
+    translator = Translator(model, tokenizer, DecodingConfig(**options), packed=False)
     with FlopCounterMode(display=False) as counter:
         translator.translate_ids(ids)
     return float(counter.get_total_flops())
@@ -243,10 +244,10 @@ def main() -> None:
         options = dict(beam_size=args.beam, alpha=args.alpha, max_len_b=args.max_len_b,
                        batch_sentences=args.batch_sentences)
         results = timed({
-            "ours": Translator(model, tokenizer, **options).translate_ids,
-            "ours_bf16": Translator(model, tokenizer, **options, precision="bf16").translate_ids,
-            "naive": Translator(NaiveDecoder(model), tokenizer, **options, packed=False).translate_ids,
-            "naive_packed": Translator(NaiveDecoder(model), tokenizer, **options).translate_ids,
+            "ours": Translator(model, tokenizer, DecodingConfig(**options)).translate_ids,
+            "ours_bf16": Translator(model, tokenizer, DecodingConfig(**options, precision="bf16")).translate_ids,
+            "naive": Translator(NaiveDecoder(model), tokenizer, DecodingConfig(**options), packed=False).translate_ids,
+            "naive_packed": Translator(NaiveDecoder(model), tokenizer, DecodingConfig(**options)).translate_ids,
             "ct2": ctranslate2_decoder(model, tokenizer, workdir, args),
         }, ids, args.rounds)
         ((ours, ours_speed), (ours_bf16, bf16_speed), (naive, naive_speed), (naive_packed, packed_speed),

@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from torch import Tensor  # noqa: E402
 
-from pipeline.io import atomic_write  # noqa: E402
+from transformer.atomic import atomic_write  # noqa: E402
 from transformer.model import AttentionWeights  # noqa: E402
 
 KINDS = {"encoder": "encoder self-attention", "decoder_self": "decoder self-attention", "cross": "cross attention"}

@@ -24,8 +24,8 @@ import mlflow  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from pipeline import tracking  # noqa: E402
-from pipeline.io import atomic_write, write_text  # noqa: E402
 from pipeline.params import load_params  # noqa: E402
+from transformer.atomic import atomic_write, write_text  # noqa: E402
 
 REPORT = Path("reports/compare.md")
 PLOT = Path("reports/compare_valid.png")

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline.io import write_text
+from transformer.atomic import write_text
 from transformer.trainer import TrainerCallback
 
 

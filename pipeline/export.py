@@ -20,7 +20,7 @@ How this package's Transformer (Vaswani et al., 2017, §3) maps onto the spec:
   fused key/value linear;
 * the pre-softmax projection is the (tied, §3.4) target embedding, without a bias;
 * the vocabulary is the SentencePiece pieces in id order; sources get ``</s>`` appended
-  (``add_source_eos``) and decoding starts from ``<s>``, as in ``pipeline.translation``.
+  (``add_source_eos``) and decoding starts from ``<s>``, as in ``pipeline.translator``.
 """
 
 from __future__ import annotations

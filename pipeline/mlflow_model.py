@@ -65,10 +65,11 @@ def sentences_of(model_input: Any) -> list[str]:
 
 
 class TranslatorModel(mlflow.pyfunc.PythonModel):
-    """pyfunc wrapper of ``pipeline.translation.Translator`` (beam search, §6.1)."""
+    """pyfunc wrapper of ``pipeline.translator.Translator`` (beam search, §6.1)."""
 
     def load_context(self, context: Any) -> None:
-        from pipeline.translation import DecodingConfig, load_translator
+        from pipeline.decoding import DecodingConfig
+        from pipeline.translator import load_translator
 
         config = getattr(context, "model_config", None) or {}
         # Models logged before model_config carried the settings decode with the paper's (§6.1).
@@ -99,8 +100,8 @@ class TranslatorModel(mlflow.pyfunc.PythonModel):
         """The request's beam size and alpha (the model's own where not given), checked."""
         params = params or {}
         try:
-            beam_size = int(params.get("beam_size", self.translator.beam_size))
-            alpha = float(params.get("alpha", self.translator.alpha))
+            beam_size = int(params.get("beam_size", self.translator.decoding.beam_size))
+            alpha = float(params.get("alpha", self.translator.decoding.alpha))
         except (TypeError, ValueError) as err:
             raise invalid(f"params: beam_size must be an integer and alpha a number ({err})") from None
         if not 1 <= beam_size <= MAX_BEAM:
@@ -128,8 +129,8 @@ def _run_decoding(run_id: str, beam_size: int, alpha: float) -> dict[str, Any]:
     """The decoding settings to register: beam size and alpha as chosen, the rest from the run's
     ``evaluate.*`` params (the paper's defaults where the run has none), and where each came from
     (the evaluate stage's ``decoding.*_from`` tags)."""
+    from pipeline.decoding import DecodingConfig
     from pipeline.tracking import client
-    from pipeline.translation import DecodingConfig
 
     run = client().get_run(run_id)
     p, t = run.data.params, run.data.tags

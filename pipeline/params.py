@@ -20,6 +20,7 @@ import yaml
 
 from pipeline.data.registry import check_data_params
 from pipeline.data.spec import DataError
+from pipeline.decoding import DecodingConfig
 from transformer.config import PRESETS, ConfigError, ModelConfig, build_config
 from transformer.train_config import TrainConfig
 
@@ -139,18 +140,12 @@ class EvaluateParams:
     precision: str = "fp32"
 
     def __post_init__(self) -> None:
-        if self.beam_size is not None and self.beam_size < 1:
-            raise ValueError(f"evaluate.beam_size must be positive, got {self.beam_size}")
-        if self.alpha is not None and self.alpha < 0:
-            raise ValueError(f"evaluate.alpha must be >= 0, got {self.alpha}")
-        if self.max_len_b < 1:
-            raise ValueError(f"evaluate.max_len_b must be positive, got {self.max_len_b}")
-        if self.batch_sentences < 1:
-            raise ValueError(f"evaluate.batch_sentences must be positive, got {self.batch_sentences}")
+        try:   # the decoding keys are checked where they are defined, named as params.yaml keys
+            DecodingConfig.of(self)
+        except ValueError as err:
+            raise ValueError(str(err).replace("DecodingConfig.", "evaluate.")) from None
         if self.attention_sentences < 0:
             raise ValueError(f"evaluate.attention_sentences must be >= 0, got {self.attention_sentences}")
-        if self.precision not in ("fp32", "bf16"):
-            raise ValueError(f"evaluate.precision must be fp32 or bf16, got {self.precision!r}")
 
 
 @dataclass(frozen=True)
@@ -170,10 +165,12 @@ class TuneParams:
                 raise ValueError(f"tune.{key} must list at least one value")
             if len(set(values)) != len(values):
                 raise ValueError(f"tune.{key} lists a value twice: {values}")
-        if min(self.beam_sizes) < 1:
-            raise ValueError(f"tune.beam_sizes must be positive, got {self.beam_sizes}")
-        if min(self.alphas) < 0:
-            raise ValueError(f"tune.alphas must be >= 0, got {self.alphas}")
+        for key, field_name, values in (("beam_sizes", "beam_size", self.beam_sizes), ("alphas", "alpha", self.alphas)):
+            for value in values:   # each grid value checked as the decoding setting it becomes
+                try:
+                    DecodingConfig(**{field_name: value})
+                except ValueError as err:
+                    raise ValueError(f"tune.{key}: {str(err).replace('DecodingConfig.', '')}") from None
         if self.max_sentences < 0:
             raise ValueError(f"tune.max_sentences must be >= 0 (0 = all), got {self.max_sentences}")
 

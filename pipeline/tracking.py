@@ -46,7 +46,7 @@ import yaml
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from pipeline.io import write_json
+from transformer.atomic import write_json
 from transformer.trainer import Trainer, TrainerCallback
 
 DEFAULT_DB = "mlflow.db"

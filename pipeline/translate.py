@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import paths
+from pipeline.decoding import DecodingConfig
 from pipeline.params import PARAMS_FILE, TUNE_REPORT, ParamsError, decoding_settings, load_params
-from pipeline.translation import DecodingConfig, load_translator
+from pipeline.translator import load_translator
 from transformer.checkpoint import CheckpointError
 
 PAPER = "§6.1"
@@ -90,8 +91,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         decoding = DecodingConfig(args.beam_size, args.alpha, args.max_len_b, args.batch_sentences, args.precision)
-    except ValueError as err:
-        parser.error(str(err))
+    except ValueError as err:   # named as the option that set it: DecodingConfig.max_len_b -> --max-len-b
+        message = str(err)
+        for name in DecodingConfig.__dataclass_fields__:
+            message = message.replace(f"DecodingConfig.{name}", "--" + name.replace("_", "-"))
+        parser.error(message)
     try:
         translator = load_translator(args.model, args.tokenizer, decoding)
     except (CheckpointError, ValueError) as err:
@@ -109,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     lines = [next(translated) if s else "" for s in sentences]
     output = "".join(f"{line}\n" for line in lines)
     if args.output:
-        from pipeline.io import write_text
+        from transformer.atomic import write_text
         write_text(args.output, output)
     else:
         sys.stdout.write(output)

@@ -241,7 +241,8 @@ def translate_with_version(client: MlflowClient, name: str, version: str, source
     tokenizer, the pyfunc model's artifacts). ``beam_size`` / ``alpha`` None: the version's own
     registered settings (what its evaluate stage chose). Returns the translations by set and the
     beam size and alpha used."""
-    from pipeline.translation import DecodingConfig, load_translator
+    from pipeline.decoding import DecodingConfig
+    from pipeline.translator import load_translator
 
     with tempfile.TemporaryDirectory(prefix="champion-") as tmp:
         files = version_files(client, name, version, Path(tmp), tracking_uri)

@@ -15,6 +15,16 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from pipeline import paths, tracking
+from pipeline.flows.dvc_tasks import (
+    RETRIES,
+    STAGES,
+    check_overrides,
+    check_stages,
+    experiment_task,
+    run_dvc,
+    stage_task,
+    version_task,
+)
 from pipeline.flows.finetune import FINETUNE, RetrainPlan, plan_retraining
 from pipeline.flows.gate import (
     Decision,
@@ -25,18 +35,8 @@ from pipeline.flows.gate import (
     promote_if_better,
     translate_with_version,
 )
-from pipeline.flows.stages import (
-    RETRIES,
-    STAGES,
-    check_overrides,
-    check_stages,
-    experiment_task,
-    run_dvc,
-    stage_task,
-    version_task,
-)
-from pipeline.io import read_lines
 from pipeline.params import Params, load_params
+from pipeline.text_files import read_lines
 
 METRICS_ARTIFACT = "training-metrics"
 GATE_ARTIFACT = "promotion-gate"

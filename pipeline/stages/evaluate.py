@@ -22,15 +22,14 @@ import torch
 
 from pipeline import paths, tracking
 from pipeline.attention_plots import plot_attention
-from pipeline.io import read_lines, write_json, write_lines
+from pipeline.decoding import DecodingConfig
 from pipeline.paper_bleu import bleu_tok_compound_split
 from pipeline.params import Decoding, Params, ParamsError, decoding_settings, load_params, run_stage
-from pipeline.translation import Translator
-from transformer.checkpoint import CheckpointError, file_sha256, load_checkpoint, model_from_checkpoint
-from transformer.model import Transformer
-from transformer.precision import default_device
+from pipeline.text_files import read_lines
+from pipeline.translator import Translator, load_translator
+from transformer.atomic import write_json, write_lines
+from transformer.checkpoint import file_sha256, load_checkpoint
 from transformer.search import attention_weights
-from transformer.tokenizer import Tokenizer, open_tokenizer
 
 DEV, DECODING = "dev", "decoding"   # metrics.json keys beside the test sets'
 TUNE_DIR = paths.REPORTS_DIR / "tune"          # the tune stage's chosen validation translations + run.json
@@ -71,26 +70,16 @@ def load_averaged() -> dict[str, Any]:
     return load_checkpoint(paths.AVERAGED_MODEL)
 
 
-def load_model_and_tokenizer(checkpoint: dict[str, Any],
-                             device: torch.device | None = None) -> tuple[Transformer, Tokenizer]:
-    model = model_from_checkpoint(checkpoint, str(paths.AVERAGED_MODEL)).to(device or default_device())
+def build_translator(checkpoint: dict[str, Any], params: Params, beam_size: int, alpha: float,
+                     device: torch.device | None = None) -> Translator:
+    """The averaged model and its tokenizer (checked to be the model's) decoding with ``beam_size``,
+    ``alpha`` and ``evaluate``'s length limit, batch and precision."""
+    decoding = DecodingConfig.of(params.evaluate).replace(beam_size=beam_size, alpha=alpha)
     try:
-        tokenizer = open_tokenizer(paths.TOKENIZER_MODEL)
-    except ValueError as err:
+        return load_translator(checkpoint, paths.TOKENIZER_MODEL, decoding, device, str(paths.AVERAGED_MODEL),
+                               hint="rerun the pipeline (dvc repro)")
+    except ValueError as err:   # not a usable SentencePiece model
         raise ParamsError(str(err)) from None
-    if tokenizer.vocab_size != model.config.vocab_size:   # another tokenizer: its ids are not the model's rows
-        raise CheckpointError(f"{paths.AVERAGED_MODEL} has a vocabulary of {model.config.vocab_size} but "
-                              f"{paths.TOKENIZER_MODEL} has {tokenizer.vocab_size} pieces: the model was trained "
-                              "with another tokenizer; rerun the pipeline (dvc repro)")
-    return model, tokenizer
-
-
-def load_translator(params: Params, checkpoint: dict[str, Any], beam_size: int, alpha: float,
-                    device: torch.device | None = None) -> Translator:
-    """The averaged model and its tokenizer with ``evaluate``'s length limit, batch and precision."""
-    model, tokenizer = load_model_and_tokenizer(checkpoint, device)
-    e = params.evaluate
-    return Translator(model, tokenizer, beam_size, alpha, e.max_len_b, e.batch_sentences, e.precision)
 
 
 def split_files(split: str, key: str, params: Params) -> tuple[Path, Path]:
@@ -147,14 +136,12 @@ def evaluate(params: Params) -> dict[str, Any]:
     start_all = time.monotonic()
     data, e = params.data, params.evaluate
     checkpoint = load_averaged()
-    model, tokenizer = load_model_and_tokenizer(checkpoint)
     test_files = {t: split_files(t, "data.test_sets", params) for t in data.test_sets}
     valid_files = split_files(data.valid_set, "data.valid_set", params)
     decoding = decoding_settings(e)
     print(f"decoding: beam {decoding.beam_size} ({decoding.beam_size_from}), alpha {decoding.alpha:g} "
           f"({decoding.alpha_from})", flush=True)
-    translator = Translator(model, tokenizer, decoding.beam_size, decoding.alpha, e.max_len_b, e.batch_sentences,
-                            e.precision)
+    translator = build_translator(checkpoint, params, decoding.beam_size, decoding.alpha)
     metrics: dict[str, Any] = {}
     paths.ATTENTION_DIR.mkdir(parents=True, exist_ok=True)   # a DVC output, even with attention_sentences 0
     for test_set, (src_file, ref_file) in test_files.items():

@@ -17,9 +17,8 @@ from pathlib import Path
 
 from pipeline import paths
 from pipeline.data.spec import DataError
-from pipeline.io import write_json
 from pipeline.params import DataParams, ParamsError, TokenizerParams, load_params, run_stage
-from transformer.atomic import write_bytes
+from transformer.atomic import write_bytes, write_json
 from transformer.tokenizer import Tokenizer, encode_to_store, open_tokenizer, train_tokenizer
 
 

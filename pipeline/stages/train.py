@@ -25,9 +25,9 @@ import torch.distributed as dist
 from pipeline import paths
 from pipeline.curves import CurveWriter
 from pipeline.data.spec import DataError
-from pipeline.io import write_json
 from pipeline.params import ParamsError, load_params, run_stage
 from pipeline.tracking import MlflowCallback, run_tags
+from transformer.atomic import write_json
 from transformer.data import TokenStore
 from transformer.model import Transformer
 from transformer.trainer import Trainer, TrainerCallback

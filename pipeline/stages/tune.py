@@ -22,10 +22,11 @@ import time
 from typing import Any
 
 from pipeline import paths, tracking
-from pipeline.io import read_lines, write_json, write_lines
 from pipeline.params import TUNE_REPORT, Params, TuneParams, load_params, run_stage
-from pipeline.stages.evaluate import TUNE_DIR, TUNE_RUN, load_averaged, load_model_and_tokenizer, score, split_files
-from pipeline.translation import Translator
+from pipeline.stages.evaluate import TUNE_DIR, TUNE_RUN, build_translator, load_averaged, score, split_files
+from pipeline.text_files import read_lines
+from pipeline.translator import Translator
+from transformer.atomic import write_json, write_lines
 from transformer.checkpoint import file_sha256
 
 RULE = "highest validation BLEU; ties: the smaller beam size, then the smaller alpha"
@@ -47,9 +48,8 @@ def search(translator: Translator, sources: list[str], references: list[str],
     """Decode ``sources`` at every grid point; returns the points' scores and their translations."""
     points, outputs = [], {}
     for beam_size, alpha in pairs:
-        translator.beam_size, translator.alpha = beam_size, alpha
         start = time.monotonic()
-        hypotheses = translator.translate(sources)
+        hypotheses = translator.translate(sources, beam_size, alpha)
         seconds = time.monotonic() - start
         s = score(hypotheses, references)
         points.append({"beam_size": beam_size, "alpha": alpha, "bleu": s["bleu"], "chrf": s["chrf"],
@@ -64,12 +64,11 @@ def tune(params: Params) -> dict[str, Any]:
     start_all = time.monotonic()
     data, e, t = params.data, params.evaluate, params.tune
     checkpoint = load_averaged()
-    model, tokenizer = load_model_and_tokenizer(checkpoint)
     src_file, ref_file = split_files(data.valid_set, "data.valid_set", params)
     sources, references = read_lines(src_file), read_lines(ref_file)
     if t.max_sentences:
         sources, references = sources[:t.max_sentences], references[:t.max_sentences]
-    translator = Translator(model, tokenizer, 1, 0.0, e.max_len_b, e.batch_sentences, e.precision)
+    translator = build_translator(checkpoint, params, beam_size=1, alpha=0.0)   # each grid point's set per call
     pairs = grid(t)
     print(f"tuning on {data.valid_set} ({len(sources)} sentences): beam sizes {sorted(t.beam_sizes)} x alphas "
           f"{sorted(t.alphas)}, {len(pairs)} decodes", flush=True)

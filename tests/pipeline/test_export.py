@@ -50,7 +50,7 @@ def tokenizer_file(tmp_path_factory) -> Path:
 
 
 def pad(rows: Sequence[Sequence[int]], end: Sequence[int] = (EOS_ID,)) -> torch.Tensor:
-    """Ids + EOS, right-padded: the source layout of pipeline.translation.Translator.source_tensor."""
+    """Ids + EOS, right-padded: the source layout of pipeline.translator.Translator.source_tensor."""
     rows = [[*r, *end] for r in rows]
     out = torch.full((len(rows), max(len(r) for r in rows)), PAD_ID, dtype=torch.long)
     for i, r in enumerate(rows):

@@ -215,7 +215,7 @@ def test_overrides_run_a_dvc_experiment_and_a_bad_value_fails_in_its_stage(first
         state = training_pipeline(workdir=str(ws), overrides=["evaluate.beam_size=0"], return_state=True)
         assert state.is_failed()
         (failed,) = [t for t in task_runs("dvc exp run") if t.state.is_failed()]
-        error = "error: params.yaml: evaluate.beam_size must be positive, got 0"
+        error = "error: params.yaml: evaluate.beam_size must be a positive integer, got 0"
         assert error in failed.state.message and error in run_logs(task_run_id=failed.id)
         assert failed.run_count == 1
         assert (ws / "params.yaml").read_text() == original   # the failed experiment's override is not kept

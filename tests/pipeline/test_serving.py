@@ -23,8 +23,9 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from pipeline import serving, tracking
+from pipeline.decoding import DecodingConfig
 from pipeline.mlflow_model import MAX_CHARS, log_translator
-from pipeline.translation import DecodingConfig, Translator, load_translator
+from pipeline.translator import Translator, load_translator
 from transformer.checkpoint import model_checkpoint, save_checkpoint
 from transformer.config import build_config
 from transformer.model import Transformer

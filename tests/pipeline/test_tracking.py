@@ -18,7 +18,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from pipeline import tracking
-from pipeline.translation import Translator
+from pipeline.translator import Translator
 from transformer.checkpoint import load_model
 from transformer.config import build_config
 from transformer.data import write_token_store

@@ -8,7 +8,8 @@ import sys
 
 import yaml
 
-from pipeline.translation import Translator
+from pipeline.decoding import DecodingConfig
+from pipeline.translator import Translator
 from transformer.checkpoint import load_model
 from transformer.tokenizer import Tokenizer
 
@@ -32,8 +33,8 @@ def test_translates_stdin_like_the_translator(workspace):
     chosen = tuned(workspace)
     evaluate = yaml.safe_load((workspace.path / "params.yaml").read_text())["evaluate"]
     translator = Translator(load_model(workspace.path / "models/model.pt"),
-                            Tokenizer(workspace.path / "data/tokenizer/spm.model"), chosen.beam_size,
-                            chosen.alpha, evaluate["max_len_b"])
+                            Tokenizer(workspace.path / "data/tokenizer/spm.model"),
+                            DecodingConfig(chosen.beam_size, chosen.alpha, evaluate["max_len_b"]))
     assert [lines[0], lines[2]] == translator.translate([SOURCES[0], SOURCES[2]])
 
 

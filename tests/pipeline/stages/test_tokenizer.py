@@ -60,7 +60,7 @@ def reuse_setup(workspace, tmp_path, monkeypatch, vocab_size):
 
     import yaml
 
-    from pipeline.io import read_lines
+    from pipeline.text_files import read_lines
     from transformer.tokenizer import train_tokenizer
 
     copy = tmp_path / "repo"

@@ -127,7 +127,7 @@ def check_stages(workdir: Path) -> None:
     stages = list((yaml.safe_load(dvc_yaml.read_text()) or {}).get("stages", {}))
     if stages != list(STAGES):
         raise RuntimeError(f"dvc.yaml has stages {stages}, the flows run {list(STAGES)}: "
-                           "update pipeline/flows/stages.py")
+                           "update pipeline/flows/dvc_tasks.py")
 
 
 def check_overrides(overrides: list[str]) -> None:
