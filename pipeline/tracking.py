@@ -127,11 +127,18 @@ def device_name(device: str) -> str:
     return f"{platform.processor() or platform.machine() or 'unknown CPU'} ({os.cpu_count()} CPUs)"
 
 
+# What the pipeline itself rewrites while it runs (DVC's lock file and the git-tracked reports): a
+# change there is a result, not a local change of the code or params the run was made from.
+PIPELINE_WRITES = ("dvc.lock", "reports")
+
+
 def run_tags(dataset: str, pair: str, device: str) -> dict[str, str]:
     commit = _git("rev-parse", "HEAD")
+    excluded = [f":(exclude,top){path}" for path in PIPELINE_WRITES]
+    dirty = bool(_git("status", "--porcelain", "--untracked-files=no", "--", ":/", *excluded))
     return {
         "git.commit": commit or "unknown",
-        "git.dirty": str(bool(_git("status", "--porcelain", "--untracked-files=no"))).lower() if commit else "unknown",
+        "git.dirty": str(dirty).lower() if commit else "unknown",
         "dataset": dataset, "language_pair": pair, "device": device, "device.name": device_name(device),
         "torch.version": torch.__version__, **data_hashes(),
     }
@@ -302,7 +309,9 @@ class MlflowCallback(TrainerCallback):
 
     def on_train_start(self, trainer: Trainer) -> None:
         self.tags = {**self.tags, "params.hash": params_hash(self.params),
-                     "device.processes": str(getattr(trainer, "world_size", 1)), **training_lengths(trainer)}
+                     "device.processes": str(getattr(trainer, "world_size", 1)),
+                     "train.precision_used": str(getattr(trainer, "precision", "unknown")),   # auto, resolved
+                     **training_lengths(trainer)}
         best_effort("run start", self._open_run)
         if self.run_id is not None and self.client is not None:
             self.logger = BackgroundLogger(self.client, self.run_id)
@@ -502,13 +511,15 @@ def model_card(name: str, version: str, run: Any, *, metrics: Mapping[str, Any],
     for source in (corpus_stats or {}).get("sources", [])[:4]:
         lines.append(f"- source {source.get('url')} (sha256 {str(source.get('sha256'))[:16]}...)")
     commit = t.get("git.commit", "unknown")
+    used = m.get("average/checkpoints_used")
+    averaged = (f"the average of the last {int(used)} checkpoint(s) (average.last_n {p.get('average.last_n', '?')})"
+                if used is not None else f"checkpoint average of the last {p.get('average.last_n', '?')}")
     lines += [
         "", "## Training", "",
         f"{_number(updates)} updates, {_number(epochs)} complete epochs, {_duration(m.get('time/train_seconds'))} "
         f"of training wall time on {t.get('device', 'unknown')} ({t.get('device.name', 'unknown device')}, "
         f"{t.get('device.processes', '1')} process(es)), torch {t.get('torch.version', 'unknown')}, training "
-        f"precision {p.get('train.precision', 'unknown')}; checkpoint average of the last "
-        f"{p.get('average.last_n', '?')}. MLflow run `{run.info.run_id}` ({run.info.run_name}), git commit "
+        f"precision {t.get('train.precision_used', p.get('train.precision', 'unknown'))}; {averaged}. MLflow run `{run.info.run_id}` ({run.info.run_name}), git commit "
         f"`{commit[:12]}`{' with local changes' if t.get('git.dirty') == 'true' else ''}.",
         "", "## Limits", "",
         f"- Domain: {DOMAINS.get(dataset, f'the text of {dataset}; other domains will be translated worse')}.",
