@@ -519,7 +519,8 @@ def model_card(name: str, version: str, run: Any, *, metrics: Mapping[str, Any],
         f"{_number(updates)} updates, {_number(epochs)} complete epochs, {_duration(m.get('time/train_seconds'))} "
         f"of training wall time on {t.get('device', 'unknown')} ({t.get('device.name', 'unknown device')}, "
         f"{t.get('device.processes', '1')} process(es)), torch {t.get('torch.version', 'unknown')}, training "
-        f"precision {t.get('train.precision_used', p.get('train.precision', 'unknown'))}; {averaged}. MLflow run `{run.info.run_id}` ({run.info.run_name}), git commit "
+        f"precision {t.get('train.precision_used', p.get('train.precision', 'unknown'))}; {averaged}. "
+        f"MLflow run `{run.info.run_id}` ({run.info.run_name}), git commit "
         f"`{commit[:12]}`{' with local changes' if t.get('git.dirty') == 'true' else ''}.",
         "", "## Limits", "",
         f"- Domain: {DOMAINS.get(dataset, f'the text of {dataset}; other domains will be translated worse')}.",

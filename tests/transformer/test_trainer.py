@@ -383,6 +383,31 @@ def test_stop_request_ends_training(store):
     assert trainer.step == 2
 
 
+def test_sigterm_saves_a_checkpoint_and_a_resume_trains_on_to_the_same_weights(store, tmp_path):
+    """SIGTERM (as from `kill`, a scheduler or Ctrl-C's SIGINT) stops at the end of the current update
+    with a checkpoint; a new trainer resumes from it and ends with the weights of an uninterrupted run."""
+    import signal
+
+    class TermAtTwo(TrainerCallback):
+        def on_log(self, step, metrics):
+            if step == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    cfg = config(max_steps=5, log_every=1, checkpoint_every_steps=100)
+    stopped = Trainer(tiny_model(vocab_size=30), cfg, store, checkpoint_dir=tmp_path / "c", callbacks=[TermAtTwo()])
+    stopped.train()
+    assert stopped.step == 2 and [p.name for p in list_checkpoints(tmp_path / "c")] == ["checkpoint_00000002.pt"]
+    assert signal.getsignal(signal.SIGTERM) is not stopped._request_stop   # the handler is restored
+    resumed = Trainer(tiny_model(vocab_size=30), cfg, store, checkpoint_dir=tmp_path / "c")
+    assert resumed.resume() is not None and resumed.step == 2 and not resumed.stop_requested
+    resumed.train()
+    assert resumed.step == 5
+    straight = Trainer(tiny_model(vocab_size=30), cfg, store, checkpoint_dir=tmp_path / "straight")
+    straight.train()
+    for a, b in zip(resumed.model.state_dict().values(), straight.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("field,value,message", [
     ("max_tokens", 0, "TrainConfig.max_tokens must be a positive integer"),
     ("update_freq", 1.5, "TrainConfig.update_freq must be a positive integer"),
