@@ -26,7 +26,9 @@ def plot_layer(weights: Tensor, query_labels: list[str], key_labels: list[str], 
     rows = math.ceil(heads / cols)
     width = min(0.25 * len(key_labels) + 1.2, 10.0)
     height = min(0.25 * len(query_labels) + 1.2, 10.0)
-    fig, axes = plt.subplots(rows, cols, figsize=(cols * width, rows * height), squeeze=False)
+    # One y axis per row: the query pieces are written once, at the left (fewer labels to lay out,
+    # which is most of the drawing time).
+    fig, axes = plt.subplots(rows, cols, figsize=(cols * width, rows * height), squeeze=False, sharey=True)
     for h in range(rows * cols):
         ax = axes[h // cols][h % cols]
         if h >= heads:
@@ -36,7 +38,10 @@ def plot_layer(weights: Tensor, query_labels: list[str], key_labels: list[str], 
         ax.imshow(weights[h].float().numpy(), cmap="viridis", vmin=0.0, aspect="auto")
         ax.set_title(f"head {h + 1}", fontsize=8)
         ax.set_xticks(range(len(key_labels)), key_labels, rotation=90, fontsize=6)
-        ax.set_yticks(range(len(query_labels)), query_labels, fontsize=6)
+        if h % cols == 0:
+            ax.set_yticks(range(len(query_labels)), query_labels, fontsize=6)
+        else:
+            ax.tick_params(axis="y", left=False, labelleft=False)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     buffer = io.BytesIO()

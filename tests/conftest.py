@@ -1,5 +1,6 @@
-"""Shared pytest setup: every test starts from the same torch RNG state and thread count; under
-pytest-xdist (``make test`` runs two workers), each test file stays on one worker."""
+"""Shared pytest setup: every test starts from the same torch RNG state and thread count. ``make test``
+runs two pytest-xdist workers with ``--dist loadfile``: a file's tests stay on one worker, so a module
+fixture is built once and a session fixture (the pipeline workspace) at most once per worker."""
 
 import pytest
 import torch
@@ -14,15 +15,3 @@ def _seed_torch():
     torch.set_num_threads(1)
     yield
 
-
-# A session fixture is built once per worker that uses it: the tests using one of these (the whole
-# `dvc repro` of tests/pipeline/conftest.py, the stages of tests/reliability/conftest.py, the trained
-# copy task) form one group. Every other file is its own group: its module fixtures are built once.
-SHARED_FIXTURES = ("workspace", "base_workspace", "copy_task")
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        shared = next((name for name in SHARED_FIXTURES if name in getattr(item, "fixturenames", ())), None)
-        item.add_marker(pytest.mark.xdist_group(shared or item.nodeid.split("::", 1)[0]))

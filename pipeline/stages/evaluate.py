@@ -70,10 +70,10 @@ def load_averaged() -> dict[str, Any]:
     return load_checkpoint(paths.AVERAGED_MODEL)
 
 
-def build_translator(checkpoint: dict[str, Any], params: Params, beam_size: int, alpha: float,
-                     device: torch.device | None = None) -> Translator:
-    """The averaged model and its tokenizer (checked to be the model's) decoding with ``beam_size``,
-    ``alpha`` and ``evaluate``'s length limit, batch and precision."""
+def build_translator(checkpoint: dict[str, Any], params: Params, beam_size: int | None = None,
+                     alpha: float | None = None, device: torch.device | None = None) -> Translator:
+    """The averaged model and its tokenizer (checked to be the model's) decoding with ``evaluate``'s
+    settings, ``beam_size`` and ``alpha`` where given (None: the paper's until set on the translator)."""
     decoding = DecodingConfig.of(params.evaluate).replace(beam_size=beam_size, alpha=alpha)
     try:
         return load_translator(checkpoint, paths.TOKENIZER_MODEL, decoding, device, str(paths.AVERAGED_MODEL),
@@ -136,12 +136,13 @@ def evaluate(params: Params) -> dict[str, Any]:
     start_all = time.monotonic()
     data, e = params.data, params.evaluate
     checkpoint = load_averaged()
+    translator = build_translator(checkpoint, params)   # model and tokenizer checked first
     test_files = {t: split_files(t, "data.test_sets", params) for t in data.test_sets}
     valid_files = split_files(data.valid_set, "data.valid_set", params)
     decoding = decoding_settings(e)
     print(f"decoding: beam {decoding.beam_size} ({decoding.beam_size_from}), alpha {decoding.alpha:g} "
           f"({decoding.alpha_from})", flush=True)
-    translator = build_translator(checkpoint, params, decoding.beam_size, decoding.alpha)
+    translator.decoding = translator.decoding.replace(beam_size=decoding.beam_size, alpha=decoding.alpha)
     metrics: dict[str, Any] = {}
     paths.ATTENTION_DIR.mkdir(parents=True, exist_ok=True)   # a DVC output, even with attention_sentences 0
     for test_set, (src_file, ref_file) in test_files.items():

@@ -30,7 +30,8 @@ TINY = {
               "checkpoint_every_steps": 10, "keep_checkpoints": 3, "log_every": 10, "validate_every": 20,
               "precision": "fp32", "device": "cpu"},
     "average": {"last_n": 3},
-    "evaluate": {"beam_size": 2, "max_len_b": 8, "batch_sentences": 250, "attention_sentences": 2},
+    "tune": {"alphas": [0.6, 1.0]},   # beam 4 (params.yaml's) x 2 alphas on the whole validation set
+    "evaluate": {"beam_size": 2, "max_len_b": 8, "batch_sentences": 250, "attention_sentences": 1},
     "tracking": {"experiment": "test-experiment", "registered_model": "test-translator"},
 }
 
