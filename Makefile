@@ -23,7 +23,7 @@ run: setup  ## the whole pipeline on the default data set (set DATA_MIRROR for a
 	$(BIN)/dvc metrics show
 
 TEST_WORKERS ?= 2
-test: setup  ## the test suite (CPU, about 10 minutes on 2 cores; TEST_WORKERS=n processes, 0 = one process)
+test: setup  ## the test suite (CPU, about 13 minutes on 2 cores; TEST_WORKERS=n processes, 0 = one process)
 	$(BIN)/python -m pytest -q --durations=15 $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 bench: setup  ## speed benchmarks, each printing ratio=<x> last
