@@ -2,7 +2,9 @@
 
 Both train the same shape on the same synthetic batches, in interleaved rounds:
 
-- ``--preset small`` (default; d_model 256, 3+3 layers, 4 heads, d_ff 1024, 8000 shared vocabulary)
+- ``--preset default`` (default): the model and ``train.max_tokens`` of ``params.yaml``, the
+  configuration ``make run`` trains, on Multi30k-like batches;
+- ``--preset small``: the ``small`` preset (d_model 256, 3+3 layers, 4 heads, d_ff 1024, 8000 shared vocabulary)
   on Multi30k-like batches of 4096 padded tokens (about 14 source and 15 target pieces a sentence);
 - ``--preset base`` (Table 3: d_model 512, 6+6 layers, 8 heads, d_ff 2048, 37000 shared BPE
   vocabulary as for WMT En-De, §5.1) on WMT-like batches of ~25000 padded tokens (§5.1; sentences
@@ -17,8 +19,11 @@ measured when the GPU is not in the table), on CPU the matrix-product peak measu
 run (in every round, the best kept) in the training precision. The last lines are ``mfu=<ours>`` and
 ``ratio=<ours / reference>`` of the median target tokens per second.
 
-    python bench/train_throughput.py [--steps 20] [--rounds 5] [--precision bf16] [--compile]
-                                     [--device cpu|cuda] [--preset small|base] [--max-tokens N]
+    python bench/train_throughput.py [--steps 20] [--rounds 5] [--precision auto] [--compile]
+                                     [--device cpu|cuda] [--preset default|small|base] [--max-tokens N]
+
+``--precision auto`` (default) is what ``train.precision: auto`` resolves to on the device: bf16
+where it has fast bf16 products (AVX512-BF16/AMX CPU, GPU), else fp32.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import re
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -37,8 +43,10 @@ from torch import nn
 from transformer import PAD_ID, Transformer, build_config
 from transformer.data import Batch, TokenBatchSampler
 from transformer.loss import label_smoothed_cross_entropy
-from transformer.precision import autocast
+from transformer.precision import autocast, resolve_precision
 from transformer.schedule import make_optimizer, make_scheduler
+
+PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,20 @@ class Shape:
     max_tokens: int  # padded tokens per batch (the longer side)
     mean_len: float  # mean source length in pieces
     n_pairs: int  # synthetic sentence pairs to cut into batches
+    dropout: float = 0.1
+
+
+def params_shape(path: Path = PARAMS) -> Shape:
+    """The shape ``make run`` trains: params.yaml's model (preset plus overrides), its tokenizer's
+    vocabulary size and ``train.max_tokens``, on Multi30k-like lengths."""
+    from pipeline.params import load_params  # bench-only: the package itself never reads params.yaml
+
+    params = load_params(path)
+    config = params.model.config(params.tokenizer.vocab_size)
+    if config.n_encoder_layers != config.n_decoder_layers:
+        raise SystemExit(f"{path}: the bench needs as many encoder as decoder layers")
+    return Shape(params.model.preset, config.vocab_size, config.d_model, config.n_heads, config.d_ff,
+                 config.n_encoder_layers, params.train.max_tokens, 14.0, 4000, config.dropout)
 
 
 SHAPES = {
@@ -123,7 +145,7 @@ class Reference(nn.Module):
         d = shape.d_model
         self.d_model = d
         self.embed = nn.Embedding(shape.vocab, d, padding_idx=PAD_ID)
-        self.core = nn.Transformer(d, shape.heads, shape.layers, shape.layers, shape.d_ff, dropout=0.1,
+        self.core = nn.Transformer(d, shape.heads, shape.layers, shape.layers, shape.d_ff, dropout=shape.dropout,
                                    batch_first=True)
         self.out = nn.Linear(d, shape.vocab, bias=False)
         self.out.weight = self.embed.weight
@@ -241,24 +263,27 @@ def main() -> None:
                              "machine hits both; the ratio is of the medians (ours' rounds on the same "
                              "batches spread by up to 30%% on this machine, so 3 were too few)")
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--precision", default="bf16", choices=["fp32", "bf16"])
+    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"])
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile ours (CPU) or both models (CUDA)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--preset", default="small", choices=sorted(SHAPES))
+    parser.add_argument("--preset", default="default", choices=["default", *sorted(SHAPES)],
+                        help="default: params.yaml's model and train.max_tokens")
     parser.add_argument("--max-tokens", type=int, default=None,
-                        help="padded tokens per batch (default: 4096 small, 25000 base)")
+                        help="padded tokens per batch (default: params.yaml's; 4096 small, 25000 base)")
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda, but no GPU is visible")
-    shape = SHAPES[args.preset]
+    shape = params_shape() if args.preset == "default" else SHAPES[args.preset]
+    args.precision = resolve_precision(args.precision, device)
     torch.manual_seed(0)
     batches = synthetic_batches(shape.n_pairs, args.max_tokens or shape.max_tokens, mean_len=shape.mean_len,
                                 vocab=shape.vocab)
     work = prepare(batches, shape, device)
     reference: nn.Module = Reference(shape).to(device)
-    config = build_config(shape.preset, shape.vocab, n_heads=shape.heads, d_ff=shape.d_ff, dropout=0.1)
+    config = build_config(shape.preset, shape.vocab, d_model=shape.d_model, n_heads=shape.heads, d_ff=shape.d_ff,
+                          n_encoder_layers=shape.layers, n_decoder_layers=shape.layers, dropout=shape.dropout)
     model: nn.Module = Transformer(config).to(device)
     # On CPU the reference is the plain fp32 eager baseline; on a GPU it gets our autocast and compile.
     on_gpu = device.type == "cuda"

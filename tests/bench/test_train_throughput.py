@@ -8,8 +8,10 @@ import sys
 
 import pytest
 import torch
+import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
+from pipeline.params import load_params
 from tests.bench import ROOT, run_bench
 from transformer import PAD_ID, Transformer, build_config
 from transformer.precision import cpu_supports_bf16
@@ -67,6 +69,24 @@ def test_step_flops_equal_pytorchs_count_of_a_training_step(preset):
         logits = model(src, tgt)
         logits.float().logsumexp(-1).sum().backward()
     assert bench.step_flops(7, 5, 3, small_vocab) == counter.get_total_flops()
+
+
+def test_the_default_shape_is_what_make_run_trains(tmp_path):
+    """--preset default benches params.yaml's model, vocabulary and batch size, overrides included."""
+    bench = load_bench()
+    params = load_params(ROOT / "params.yaml")
+    config = params.model.config(params.tokenizer.vocab_size)
+    shape = bench.params_shape()
+    assert (shape.vocab, shape.d_model, shape.heads, shape.d_ff, shape.layers, shape.max_tokens, shape.dropout) == (
+        config.vocab_size, config.d_model, config.n_heads, config.d_ff, config.n_encoder_layers,
+        params.train.max_tokens, config.dropout)
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["model"].update(d_ff=384, dropout=0.2)
+    raw["train"]["max_tokens"] = 1000
+    raw["tokenizer"]["vocab_size"] = 5000
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    other = bench.params_shape(tmp_path / "params.yaml")
+    assert (other.d_ff, other.dropout, other.max_tokens, other.vocab) == (384, 0.2, 1000, 5000)
 
 
 def test_synthetic_batches_have_the_length_profile():
