@@ -27,7 +27,8 @@ TINY = {
     "tokenizer": {"vocab_size": 400},
     "model": {"preset": "tiny", "dropout": 0.1},
     "train": {"max_epochs": 0, "max_steps": 40, "max_tokens": 1024, "warmup_steps": 10, "lr_scale": 1.0,
-              "checkpoint_every_steps": 10, "keep_checkpoints": 3, "log_every": 10, "validate_every": 20,
+              "checkpoint_every_steps": 10, "checkpoint_every_minutes": 0, "keep_checkpoints": 3,
+              "log_every": 10, "validate_every": 20,
               "precision": "fp32", "device": "cpu"},
     "average": {"last_n": 3},
     "tune": {"alphas": [0.6, 1.0]},   # beam 4 (params.yaml's) x 2 alphas on the whole validation set

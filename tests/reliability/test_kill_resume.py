@@ -217,7 +217,8 @@ def test_sigkill_during_a_checkpoint_write(store, uninterrupted, tmp_path):
 TINY_STAGE = {
     "model": {"preset": "tiny", "dropout": 0.1},
     "train": {"max_epochs": 0, "max_steps": 12, "max_minutes": 0, "max_tokens": 96, "update_freq": 2,
-              "warmup_steps": 4, "lr_scale": 1.0, "checkpoint_every_steps": 2, "keep_checkpoints": 3,
+              "warmup_steps": 4, "lr_scale": 1.0, "checkpoint_every_steps": 2,
+              "checkpoint_every_minutes": 0, "keep_checkpoints": 3,
               "log_every": 1, "validate_every": 4, "precision": "fp32", "device": "cpu"},
     "tracking": {"registered_model": "kill-test"},
 }
