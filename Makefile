@@ -19,6 +19,7 @@ $(STAMP): requirements.txt pyproject.toml
 setup: $(STAMP)  ## create .venv with the pinned dependencies
 
 run: setup  ## the whole pipeline on the default data set (set DATA_MIRROR for air-gapped machines)
+	$(BIN)/python -m pipeline.params   # every section checked first: DVC deletes a stage's outputs before running it
 	$(BIN)/dvc repro
 	$(BIN)/dvc metrics show
 

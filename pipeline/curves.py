@@ -1,5 +1,8 @@
 """Training curves for ``dvc plots``: CSV files rewritten atomically, their rows kept in
-each checkpoint so that a resumed run continues the same curves."""
+each checkpoint so that a resumed run continues the same curves.
+
+The files are DVC outputs, so they hold only what follows from the data and params: the speed
+(target tokens/s) is a property of the machine and goes to the console and MLflow, not here."""
 
 from __future__ import annotations
 
@@ -9,6 +12,9 @@ from typing import Any
 
 from transformer.atomic import write_text
 from transformer.trainer import TrainerCallback
+
+# Metrics of the machine, not of the model: printed and tracked, never written to the curves.
+MACHINE_METRICS = frozenset({"train/target_tokens_per_s"})
 
 
 class CurveWriter(TrainerCallback):
@@ -39,7 +45,8 @@ class CurveWriter(TrainerCallback):
         write_text(self.files[kind], "\n".join(lines) + "\n")
 
     def on_log(self, step: int, metrics: dict[str, float]) -> None:
-        self.rows["train"].append({"step": step, **{k.split("/", 1)[1]: v for k, v in metrics.items()}})
+        self.rows["train"].append({"step": step, **{k.split("/", 1)[1]: v for k, v in metrics.items()
+                                                    if k not in MACHINE_METRICS}})
         self._write("train")
         if self.echo:
             print(f"step {step:>6}  epoch {metrics['train/epoch']:.0f}  loss {metrics['train/loss']:.3f}  "

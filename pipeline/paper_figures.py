@@ -283,7 +283,7 @@ def feed_forward() -> dict[str, Any]:
 def stacks() -> dict[str, Any]:
     """Parameter counts of the presets (built on the meta device: no memory), by part, with the
     tied output projection (§3.4) counted once."""
-    vocab = {"tiny": 64, "small": 8000, "base": 37000, "big": 37000}
+    vocab = {"tiny": 64, "small": 8000, "laptop": 8000, "base": 37000, "big": 37000}
     rows = {}
     for preset in PRESETS:
         with torch.device("meta"):

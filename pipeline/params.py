@@ -99,7 +99,7 @@ class TokenizerParams:
 class ModelParams:
     """A preset name plus overrides of any ``ModelConfig`` field (vocab_size comes from the tokenizer)."""
 
-    preset: str = "small"
+    preset: str = "laptop"
     overrides: dict[str, Any] = field(default_factory=dict)
 
     def config(self, vocab_size: int) -> ModelConfig:
@@ -376,7 +376,7 @@ def _build_model(values: Any) -> ModelParams:
     if not isinstance(values, dict):
         raise ParamsError(f"params.yaml: section model must be a mapping, got {values!r}")
     values = dict(values)
-    preset = values.pop("preset", "small")
+    preset = values.pop("preset", "laptop")
     if preset not in PRESETS:
         raise ParamsError(f"params.yaml: model.preset {preset!r} does not exist; choose one of {sorted(PRESETS)}")
     known = {f.name for f in dataclasses.fields(ModelConfig)} - {"vocab_size"}
@@ -454,3 +454,57 @@ def run_stage(main: Callable[[], None]) -> None:
         message = message.replace("TrainConfig.", "train.")   # the package's field names, as params.yaml keys
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
+
+
+def with_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``raw`` (params.yaml's mapping) with ``section.key=value`` overrides applied, values read as
+    YAML, as ``dvc exp run -S`` applies them (a copy; ``raw`` is left as it was)."""
+    merged = {name: dict(section) if isinstance(section, dict) else section for name, section in raw.items()}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        section, dot, name = key.partition(".")
+        if not (sep and dot and section and name):
+            raise ParamsError(f"override {item!r} is not section.key=value (e.g. train.max_steps=100)")
+        if not isinstance(merged.get(section), dict):
+            merged[section] = {}
+        try:
+            merged[section][name] = yaml.safe_load(text) if text else ""
+        except yaml.YAMLError:
+            raise ParamsError(f"override {item!r}: the value is not valid YAML") from None
+    return merged
+
+
+def check(path: str | os.PathLike = PARAMS_FILE, overrides: list[str] | None = None) -> Params:
+    """Validate every section of ``path`` (with ``overrides`` applied) before a pipeline starts:
+    DVC removes a stage's outputs before the stage runs and has no hook before that, so a bad value
+    must be refused here, not by the stage that reads it. Raises ``ParamsError`` naming the key."""
+    path = Path(path)
+    if not overrides:
+        return load_params(path)
+    raw = yaml.safe_load(path.read_text()) if path.is_file() else None
+    if not isinstance(raw, dict):
+        return load_params(path)   # its own error: missing, not YAML, not a mapping
+    import tempfile
+
+    # In params.yaml's folder, so that relative paths (train.init_from, ...) resolve as they will.
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".params-check-", suffix=".yaml") as f:
+        yaml.safe_dump(with_overrides(raw, overrides), f, sort_keys=False)
+        f.flush()
+        return load_params(f.name)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m pipeline.params [key=value ...]``: check params.yaml (``make run`` does, before
+    ``dvc repro``); exit 2 with one line naming the key when a value is bad."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value",
+                        help="overrides to check with it, as dvc exp run -S takes them")
+    args = parser.parse_args(argv)
+    check(PARAMS_FILE, args.overrides)
+    print(f"{PARAMS_FILE}: every section valid", flush=True)
+
+
+if __name__ == "__main__":
+    run_stage(main)

@@ -1,11 +1,16 @@
 """MLflow: the one place that talks to the tracking store and the model registry.
 
-One run per training. The train stage creates it (or resumes it: its id travels in every
-checkpoint), the average and evaluate stages log into the same run (its id travels in the
-averaged model file). When a later stage reruns with parameters that differ from those
-already logged (``dvc exp run -S evaluate.beam_size=1``), it logs into a child run that
-carries all the parent's parameters with its own on top, so every set of parameters has
-its own row in ``make compare``.
+One run per training. The train stage creates it, the average, tune and evaluate stages log
+into the same run. When a later stage reruns with parameters that differ from those already
+logged (``dvc exp run -S evaluate.beam_size=1``), it logs into a child run that carries all
+the parent's parameters with its own on top, so every set of parameters has its own row in
+``make compare``.
+
+Stages find their run by content, never by an id written into their outputs (DVC hashes those,
+and a run id differs on every machine): the run is tagged with the sha256 of the files it made
+(``link.*`` tags: each checkpoint of the training, the averaged model, the model tune chose
+decoding settings for), and a later stage, or a resumed training, looks up the newest run
+tagged with the sha256 of the file it reads (``find_run``).
 
 A run is named for what it is: ``<preset>-<dataset>-<pair>-<params hash>@<commit>`` (the hash
 of the tracked params, so two runs of the same recipe share it). Every registered model version
@@ -46,13 +51,24 @@ import yaml
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from transformer.atomic import write_json
+from transformer.atomic import file_sha256, write_json
 from transformer.trainer import Trainer, TrainerCallback
 
 DEFAULT_DB = "mlflow.db"
 DEFAULT_ARTIFACTS = "mlartifacts"
 UNSENT_FILE = Path("reports/mlflow_unsent.json")
-RUN_ID_KEY = "mlflow_run_id"
+TRAIN_SECONDS = "time/train_seconds"   # training wall time so far, logged at each checkpoint and at the end
+# Tags linking a run to the files it made (values: the file's sha256); see find_run.
+LINK_CHECKPOINT = "link.checkpoint_sha256"   # every checkpoint the training wrote (the newest last)
+LINK_MODEL = "link.model_sha256"             # models/model.pt, on the run the average stage logged into
+LINK_TUNED = "link.tuned_model_sha256"       # models/model.pt, on the run the tune stage logged into
+LINK_TRAINING = "link.training_sha256"       # the trainer's fingerprint (model, settings, data): what a
+                                             # resumed training falls back to when its checkpoint's tag was lost
+
+
+def fingerprint_sha256(fingerprint: Mapping[str, Any]) -> str:
+    """sha256 of a trainer's fingerprint (``Trainer.fingerprint``), the same on every machine."""
+    return hashlib.sha256(json.dumps(fingerprint, sort_keys=True, default=str).encode()).hexdigest()
 CHAMPION_ALIAS = "champion"
 # A tracking server that went away must cost seconds, not MLflow's default minutes of retries.
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
@@ -171,8 +187,9 @@ class BackgroundLogger:
 
     def __init__(self, c: MlflowClient, run_id: str, flush_seconds: float = 5.0) -> None:
         self.client, self.run_id, self.flush_seconds = c, run_id, flush_seconds
-        self.queue: queue.Queue[Metric | None] = queue.Queue()
+        self.queue: queue.Queue[Metric | RunTag | None] = queue.Queue()
         self.pending: list[Metric] = []
+        self.pending_tags: dict[str, RunTag] = {}   # the newest value of each tag
         self.failures = 0
         self.warned = False
         self.thread = threading.Thread(target=self._loop, name="mlflow-logger", daemon=True)
@@ -183,7 +200,16 @@ class BackgroundLogger:
         for key, value in metrics.items():
             self.queue.put(Metric(key, float(value), now, step))
 
+    def tag(self, key: str, value: str) -> None:
+        self.queue.put(RunTag(key, value))
+
     def _send(self) -> None:
+        if self.pending_tags:
+            try:
+                self.client.log_batch(self.run_id, tags=list(self.pending_tags.values()), synchronous=True)
+                self.pending_tags.clear()
+            except Exception:   # kept and retried with the metrics below, which warn
+                pass
         while self.pending:
             chunk = self.pending[:1000]  # MLflow's log_batch limit
             try:
@@ -210,7 +236,10 @@ class BackgroundLogger:
                 if item is None:
                     stop = True
                     break
-                self.pending.append(item)
+                if isinstance(item, RunTag):
+                    self.pending_tags[item.key] = item
+                else:
+                    self.pending.append(item)
             self._send()
 
     def close(self, timeout: float = 60.0) -> list[Metric]:
@@ -238,6 +267,36 @@ def best_effort(action: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return None
 
 
+def find_run(tag: str, sha256s: str | Iterable[str], experiment: str, c: MlflowClient | None = None,
+             where: str = "") -> str | None:
+    """The newest run of ``experiment`` tagged ``tag`` = one of ``sha256s`` (tried in order): the
+    run that made a file, found by the file's content. None when no run is tagged so (the file was
+    made without tracking, or in another store) or the store cannot be reached (a warning).
+    ``c``: the store to search (default: ``client()``'s); ``where``: a further MLflow filter clause."""
+    values = [sha256s] if isinstance(sha256s, str) else list(sha256s)
+    try:
+        c = c or client()
+        found = c.get_experiment_by_name(experiment)
+        if found is None:
+            return None
+        for value in values:
+            runs = c.search_runs([found.experiment_id],
+                                 filter_string=f"tags.`{tag}` = '{value}'" + (f" and {where}" if where else ""),
+                                 order_by=["attributes.start_time DESC"], max_results=1)
+            if runs:
+                return runs[0].info.run_id
+    except Exception as err:
+        print(f"warning: MLflow run lookup failed: {type(err).__name__}: {str(err)[:300]}", file=sys.stderr,
+              flush=True)
+    return None
+
+
+def link_run(run_id: str | None, tag: str, sha256: str) -> None:
+    """Tag ``run_id`` as the maker of the file whose sha256 is given (``find_run`` finds it)."""
+    if run_id:
+        best_effort("link tag", client().set_tag, run_id, tag, sha256)
+
+
 def training_lengths(trainer: Trainer) -> dict[str, str]:
     """Source lengths (in pieces) the model saw in training, as tags: the model card's length limit."""
     try:
@@ -258,14 +317,21 @@ class MlflowCallback(TrainerCallback):
         self.run_id: str | None = None
         self.logger: BackgroundLogger | None = None
         self.client: MlflowClient | None = None
-        self.train_started = 0.0
+        self.trainer: Trainer | None = None
+        self.seconds_before = 0.0   # training time of the processes before a resume (from the run)
         self.history: list[tuple[int, dict[str, float]]] = []
 
-    def restore(self, state: Mapping[str, Any], history: Iterable[tuple[int, Mapping[str, float]]] = ()) -> None:
-        """Continue the checkpoint's run. ``history``: every (step, metrics) the run logged up to the
-        checkpoint (the curves kept in it); those the run lacks are sent again when training starts,
-        since a killed process loses what its background logger had not sent yet."""
-        self.run_id = state.get(RUN_ID_KEY) or None
+    def restore(self, checkpoints: Iterable[Path], history: Iterable[tuple[int, Mapping[str, float]]] = (),
+                fingerprint: Mapping[str, Any] | None = None) -> None:
+        """Continue the run that wrote ``checkpoints`` (newest first; the first one tagged wins), else
+        the newest unfinished run of the same ``fingerprint`` (a process killed within seconds of a
+        checkpoint had not sent its tag yet). ``history``: every (step, metrics) the run logged up to
+        the checkpoint (the curves kept in it); those the run lacks are sent again when training
+        starts, since a killed process loses what its background logger had not sent yet."""
+        self.run_id = find_run(LINK_CHECKPOINT, (file_sha256(p) for p in checkpoints), self.experiment)
+        if self.run_id is None and fingerprint is not None:
+            self.run_id = find_run(LINK_TRAINING, fingerprint_sha256(fingerprint), self.experiment,
+                                   where="attributes.status != 'FINISHED'")
         self.history = [(step, dict(metrics)) for step, metrics in history]
 
     def _send_missing_history(self) -> None:
@@ -284,8 +350,11 @@ class MlflowCallback(TrainerCallback):
         if missing:
             print(f"MLflow: sending again {len(missing)} metric values the interrupted run had not sent", flush=True)
 
-    def checkpoint_state(self) -> dict[str, Any]:
-        return {RUN_ID_KEY: self.run_id} if self.run_id else {}
+    def on_checkpoint(self, step: int, path: Path) -> None:
+        if self.logger:   # through the background thread: a slow or lost server never holds training
+            self.logger.tag(LINK_CHECKPOINT, file_sha256(path))
+            if self.trainer is not None:
+                self.logger.log({TRAIN_SECONDS: self._train_seconds(self.trainer)}, step)
 
     def _open_run(self) -> None:
         c = client()
@@ -296,8 +365,7 @@ class MlflowCallback(TrainerCallback):
                 c.update_run(self.run_id, "RUNNING")
                 print(f"MLflow: resuming run {self.run_id}", flush=True)
             except Exception:
-                print(f"MLflow: run {self.run_id} of the checkpoint is not in {tracking_uri()}; starting a new one",
-                      flush=True)
+                print(f"MLflow: run {self.run_id} is not in {tracking_uri()}; starting a new one", flush=True)
                 self.run_id = None
         if self.run_id is None:
             name = self.run_name or run_name(self.params, self.tags)
@@ -312,11 +380,25 @@ class MlflowCallback(TrainerCallback):
                      "device.processes": str(getattr(trainer, "world_size", 1)),
                      "train.precision_used": str(getattr(trainer, "precision", "unknown")),   # auto, resolved
                      **training_lengths(trainer)}
+        if hasattr(trainer, "fingerprint"):
+            self.tags[LINK_TRAINING] = fingerprint_sha256(trainer.fingerprint())
         best_effort("run start", self._open_run)
+        self.trainer = trainer
         if self.run_id is not None and self.client is not None:
             self.logger = BackgroundLogger(self.client, self.run_id)
             best_effort("history check", self._send_missing_history)
-        self.train_started = time.monotonic()
+            if trainer.step and not trainer.config.max_minutes:   # a time budget restores its own clock
+                self.seconds_before = best_effort("time check", self._seconds_before, trainer.step) or 0.0
+
+    def _seconds_before(self, step: int) -> float:
+        """The training time the run had logged at ``step`` (the checkpoint resumed from): checkpoints
+        hold no time (they are DVC outputs), so the run keeps it for the model card."""
+        assert self.client is not None and self.run_id is not None
+        logged = [m for m in self.client.get_metric_history(self.run_id, TRAIN_SECONDS) if m.step <= step]
+        return max(logged, key=lambda m: m.step).value if logged else 0.0
+
+    def _train_seconds(self, trainer: Trainer) -> float:
+        return self.seconds_before + trainer.elapsed_seconds
 
     def on_log(self, step: int, metrics: dict[str, float]) -> None:
         if self.logger:
@@ -329,7 +411,7 @@ class MlflowCallback(TrainerCallback):
     def on_train_end(self, trainer: Trainer) -> None:
         if self.logger:
             # The model card's "how long": wall time, updates and epochs of the whole training.
-            self.logger.log({"time/train_seconds": trainer.elapsed_seconds, "train/updates": trainer.step,
+            self.logger.log({TRAIN_SECONDS: self._train_seconds(trainer), "train/updates": trainer.step,
                              "train/epochs": trainer.epoch}, trainer.step)
             save_unsent(self.run_id or "", self.logger.close())
             self.logger = None
@@ -356,7 +438,8 @@ def stage_run(run_id: str | None, experiment: str, section_params: Mapping[str, 
     """The run a later stage (average, evaluate) logs into: the training run, or a child run
     when this stage's params differ from those the training run already holds."""
     if not run_id:
-        print(f"MLflow: the model carries no run id; {stage} is not tracked", file=sys.stderr)
+        print(f"MLflow: no run of experiment {experiment!r} in {tracking_uri()} is tagged as the maker of this "
+              f"stage's input; {stage} is not tracked", file=sys.stderr)
         return None
     c = client()
     try:
@@ -368,7 +451,8 @@ def stage_run(run_id: str | None, experiment: str, section_params: Mapping[str, 
     conflicts = log_params(c, run_id, section_params)
     if not conflicts:
         return run_id
-    tags = {k: v for k, v in parent.data.tags.items() if not k.startswith("mlflow.")}
+    # Links stay with the run that made the file; the child is linked to what its stage makes.
+    tags = {k: v for k, v in parent.data.tags.items() if not k.startswith(("mlflow.", "link."))}
     child = c.create_run(parent.info.experiment_id, tags={**tags, "mlflow.parentRunId": run_id,
                                                           "changed_params": ",".join(conflicts)},
                          run_name=f"{parent.info.run_name}-{stage}-{params_hash(section_params)}")
@@ -571,16 +655,20 @@ def describe_version(name: str, version: str, run_id: str, **card: Any) -> None:
         c.set_model_version_tag(name, version, key, value[:5000])
 
 
-def log_tune(run_id: str | None, report: Mapping[str, Any], report_file: Path, seconds: float) -> None:
+def log_tune(run_id: str | None, report: Mapping[str, Any], report_file: Path, seconds: float,
+             point_seconds: Iterable[float] = ()) -> None:
     """The tune stage's record in ``run_id``: ``valid_bleu`` (validation BLEU of the chosen beam size
     and alpha: what sweeps rank runs by), the chosen point's chrF and length ratio, the whole grid as
-    a table artifact (``tune/grid.json``, read back by ``MlflowClient.load_table``) and ``report_file``."""
+    a table artifact (``tune/grid.json``, read back by ``MlflowClient.load_table``; with each point's
+    decoding time, which the report file leaves out) and ``report_file``."""
     if not run_id:
         return
     chosen = report["chosen"]
     log_metrics(run_id, {"valid_bleu": chosen["bleu"], "tune/valid_chrf": chosen["chrf"],
                          "tune/valid_length_ratio": chosen["length_ratio"], "time/tune_seconds": seconds})
-    grid = list(report["grid"])
+    grid = [dict(point) for point in report["grid"]]
+    for point, point_time in zip(grid, point_seconds):
+        point["seconds"] = point_time
     if grid:
         table = {key: [point[key] for point in grid] for key in grid[0]}
         best_effort("table", client().log_table, run_id, table, "tune/grid.json")

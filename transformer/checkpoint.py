@@ -90,8 +90,8 @@ def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict[str, Any]:
     """Checkpoint averaging (§6.1): the element-wise mean of the models of ``paths``
     (the paper averages the last 5 checkpoints for base models, the last 20 for big ones).
 
-    Returns a model checkpoint (``model_config``, averaged ``model`` state, and the newest
-    checkpoint's ``callbacks`` state, e.g. the tracking run it belongs to).
+    Returns a model checkpoint: ``model_config``, the averaged ``model`` state and ``averaged_from``
+    (the paths). Nothing else: the same checkpoints always give the same bytes.
     """
     if not paths:
         raise CheckpointError("no checkpoints to average")
@@ -112,8 +112,7 @@ def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict[str, Any]:
             else:
                 total[name], dtypes[name] = tensor.double().clone(), tensor.dtype
     averaged = {name: (t / len(paths)).to(dtypes[name]) for name, t in total.items()}
-    return {"model_config": config, "model": averaged, "averaged_from": [str(p) for p in paths],
-            "callbacks": ckpt.get("callbacks", {})}
+    return {"model_config": config, "model": averaged, "averaged_from": [str(p) for p in paths]}
 
 
 def config_differences(checkpoint_config: dict[str, Any], config: ModelConfig) -> dict[str, tuple[Any, Any]]:

@@ -139,7 +139,7 @@ class Trainer:
         self.step = 0
         self.epoch = 0
         self.batch_in_epoch = 0
-        self.elapsed_seconds = 0.0  # training wall time across resumes
+        self.elapsed_seconds = 0.0  # training wall time (across resumes only with a max_minutes budget)
         self.stop_requested = False
         self.last_valid: dict[str, float] = {}
         self.last_valid_step = -1
@@ -157,7 +157,9 @@ class Trainer:
             "scaler": self.scaler.state_dict(),
             "train_config": asdict(self.config),
             "step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
-            "elapsed_seconds": self.elapsed_seconds,
+            # Wall time is kept only where it decides something (a ``max_minutes`` budget): a run
+            # limited by updates or epochs writes the same checkpoint bytes on every machine.
+            "elapsed_seconds": self.elapsed_seconds if self.config.max_minutes else 0.0,
             "last_valid": self.last_valid, "last_valid_step": self.last_valid_step,
             "rng_cpu": torch.get_rng_state(),
             "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
@@ -171,7 +173,7 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
-        self.elapsed_seconds = state["elapsed_seconds"]
+        self.elapsed_seconds = state.get("elapsed_seconds", 0.0)
         # Absent from checkpoints written before they were saved: the step is then validated again.
         self.last_valid = dict(state.get("last_valid", {}))
         self.last_valid_step = state.get("last_valid_step", -1)

@@ -36,6 +36,7 @@ from pipeline.flows.gate import (
     translate_with_version,
 )
 from pipeline.params import Params, load_params
+from pipeline.params import check as check_params
 from pipeline.text_files import read_lines
 
 METRICS_ARTIFACT = "training-metrics"
@@ -58,13 +59,18 @@ def read_metrics(root: Path) -> dict[str, dict[str, Any]]:
     return json.loads(file.read_text())
 
 
-def model_run_id(root: Path) -> str:
-    """The MLflow run that ``models/model.pt`` names (the average stage writes it)."""
-    from transformer.checkpoint import load_checkpoint
+def model_run_id(root: Path, experiment: str, client: MlflowClient) -> str:
+    """The MLflow run of ``root``'s ``models/model.pt`` in ``client``'s store: the newest run of
+    ``experiment`` the average stage tagged with the model's sha256 (the files DVC hashes name no run)."""
+    from transformer.atomic import file_sha256
 
-    run_id = load_checkpoint(root / paths.AVERAGED_MODEL).get("callbacks", {}).get(tracking.RUN_ID_KEY)
+    model = root / paths.AVERAGED_MODEL
+    if not model.is_file():
+        raise GateError(f"{model} does not exist: the average stage did not finish")
+    run_id = tracking.find_run(tracking.LINK_MODEL, file_sha256(model), experiment, client)
     if not run_id:
-        raise GateError(f"{paths.AVERAGED_MODEL} names no MLflow run: nothing to register or promote")
+        raise GateError(f"no MLflow run of experiment {experiment!r} in {client.tracking_uri} made {model}: "
+                        "nothing to register or promote")
     return run_id
 
 
@@ -79,10 +85,9 @@ def metrics_markdown(metrics: dict[str, Any], run_id: str | None) -> str:
     rows = [(name, "validation", m) for name, m in metrics.get(DEV, {}).items()]
     rows += [(name, "test", m) for name, m in scores_of_test_sets(metrics).items()]
     lines = ["# Training pipeline: scores", "",
-             "| set | role | BLEU | chrF | sentences | decode s |", "|---|---|---:|---:|---:|---:|"]
+             "| set | role | BLEU | chrF | sentences |", "|---|---|---:|---:|---:|"]
     for name, role, m in rows:
-        lines.append(f"| {name} | {role} | {m.get('bleu', '')} | {m.get('chrf', '')} | {m.get('sentences', '')} | "
-                     f"{m.get('decode_seconds', '')} |")
+        lines.append(f"| {name} | {role} | {m.get('bleu', '')} | {m.get('chrf', '')} | {m.get('sentences', '')} |")
     d = metrics.get(DECODING)
     if d:
         lines += ["", f"Decoding: beam {d.get('beam_size')} ({d.get('beam_size_from')}), alpha {d.get('alpha')} "
@@ -104,13 +109,18 @@ def training_pipeline(workdir: str = ".", overrides: list[str] | None = None) ->
     check_stages(root)
     if overrides:
         check_overrides(overrides)
+    # Every section, overrides applied, before DVC runs anything: DVC deletes a stage's outputs before
+    # the stage could refuse a bad value.
+    check_params(root / os.environ.get("PARAMS_FILE", "params.yaml"), list(overrides or []))
+    if overrides:
         experiment_task()(list(overrides), str(root))
     else:
         for stage in STAGES:
             stage_task(stage)(stage, str(root))
     metrics = read_metrics(root)
     try:
-        run_id: str | None = model_run_id(root)
+        uri = tracking_uri(root)
+        run_id: str | None = model_run_id(root, params_of(root).tracking.experiment, MlflowClient(uri, uri))
     except Exception:  # noqa: BLE001 (the artifact only mentions it)
         run_id = None
     create_markdown_artifact(metrics_markdown(metrics, run_id), key=METRICS_ARTIFACT,
@@ -162,7 +172,7 @@ def promotion_gate(workdir: str, flow_run_id: str = "", extra_tags: dict[str, st
     missing = [t for t in (gate_set, *data.test_sets) if t not in scores]
     if missing:
         raise GateError(f"{paths.METRICS} has no scores for {', '.join(missing)}: the evaluation is partial")
-    challenger = challenger_version(client, name, model_run_id(root))
+    challenger = challenger_version(client, name, model_run_id(root, params.tracking.experiment, client))
     logged = client.get_run(challenger.run_id).data.metrics
     for evaluated in (gate_set, *data.test_sets):
         key = f"{'dev' if evaluated == gate_set else 'test'}/{evaluated}/bleu"

@@ -9,7 +9,7 @@ from typing import Any
 
 from pipeline import paths, tracking
 from pipeline.params import ParamsError, load_params, run_stage
-from transformer.checkpoint import average_checkpoints, save_checkpoint
+from transformer.checkpoint import average_checkpoints, file_sha256, save_checkpoint
 from transformer.trainer import list_checkpoints
 
 
@@ -33,11 +33,13 @@ def main() -> None:
     start = time.monotonic()
     averaged = average(params.average.last_n)
     section = {k: v for k, v in params.flat().items() if k.startswith("average.")}
-    run_id = tracking.stage_run(averaged["callbacks"].get(tracking.RUN_ID_KEY), params.tracking.experiment,
-                                section, "average")
-    # The model file names the run that evaluate logs into (the training run or its child).
-    averaged["callbacks"][tracking.RUN_ID_KEY] = run_id or ""
+    # The training run: the one that tagged the newest averaged checkpoint as its own.
+    training_run = tracking.find_run(tracking.LINK_CHECKPOINT, file_sha256(averaged["averaged_from"][-1]),
+                                     params.tracking.experiment)
+    run_id = tracking.stage_run(training_run, params.tracking.experiment, section, "average")
     save_checkpoint(paths.AVERAGED_MODEL, averaged)
+    # The run that tune and evaluate log into (the training run or its child), found by the model's content.
+    tracking.link_run(run_id, tracking.LINK_MODEL, file_sha256(paths.AVERAGED_MODEL))
     print(f"averaged {len(averaged['averaged_from'])} checkpoint(s) into {paths.AVERAGED_MODEL}: "
           f"{', '.join(averaged['averaged_from'])}")
     tracking.log_metrics(run_id, {"time/average_seconds": time.monotonic() - start,

@@ -63,7 +63,7 @@ def scores_of_test_sets(metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def load_averaged() -> dict[str, Any]:
-    """The averaged model checkpoint (weights, config, the tracking run it belongs to)."""
+    """The averaged model checkpoint (config and weights)."""
     for needed in (paths.AVERAGED_MODEL, paths.TOKENIZER_MODEL):
         if not needed.is_file():
             raise ParamsError(f"{needed} does not exist: run the earlier stages first (dvc repro)")
@@ -143,7 +143,8 @@ def evaluate(params: Params) -> dict[str, Any]:
     print(f"decoding: beam {decoding.beam_size} ({decoding.beam_size_from}), alpha {decoding.alpha:g} "
           f"({decoding.alpha_from})", flush=True)
     translator.decoding = translator.decoding.replace(beam_size=decoding.beam_size, alpha=decoding.alpha)
-    metrics: dict[str, Any] = {}
+    metrics: dict[str, Any] = {}   # a DVC metric: scores only; decoding times go to MLflow and the console
+    decode_seconds: dict[str, float] = {}
     paths.ATTENTION_DIR.mkdir(parents=True, exist_ok=True)   # a DVC output, even with attention_sentences 0
     for test_set, (src_file, ref_file) in test_files.items():
         sources, references = read_lines(src_file), read_lines(ref_file)
@@ -151,8 +152,8 @@ def evaluate(params: Params) -> dict[str, Any]:
         hypotheses = translator.translate(sources)
         seconds = time.monotonic() - start
         write_lines(paths.TRANSLATIONS_DIR / f"{test_set}.{data.tgt_lang}", hypotheses)
-        metrics[test_set] = {**score(hypotheses, references), "sentences": len(sources),
-                             "decode_seconds": round(seconds, 1)}
+        metrics[test_set] = {**score(hypotheses, references), "sentences": len(sources)}
+        decode_seconds[test_set] = seconds
         print(f"{test_set}: BLEU {metrics[test_set]['bleu']:.2f}  chrF {metrics[test_set]['chrf']:.2f}  "
               f"({len(sources)} sentences, {seconds:.0f} s)  {metrics[test_set]['signature']}", flush=True)
         if data.dataset.startswith("wmt"):
@@ -174,22 +175,27 @@ def evaluate(params: Params) -> dict[str, Any]:
     write_lines(paths.TRANSLATIONS_DIR / f"{data.valid_set}.{data.tgt_lang}", hypotheses)
     scores = score(hypotheses, references)   # the signatures are the test sets'
     dev = {**{k: scores[k] for k in ("bleu", "chrf", "length_ratio")}, "sentences": len(sources),
-           "decode_seconds": round(seconds, 1), "translated_by": source}
+           "translated_by": source}
+    if source == "evaluate":
+        decode_seconds[data.valid_set] = seconds
     metrics[DEV] = {data.valid_set: dev}
     print(f"{data.valid_set} (validation): BLEU {dev['bleu']:.2f}  chrF {dev['chrf']:.2f}  ({len(sources)} "
           f"sentences, {'from the tune stage' if source == 'tune' else f'{seconds:.0f} s'})", flush=True)
     metrics[DECODING] = {**decoding.as_dict(), "max_len_b": e.max_len_b, "precision": e.precision}
     write_json(paths.METRICS, metrics)
 
-    record = tune_record()
-    run_id = checkpoint.get("callbacks", {}).get(tracking.RUN_ID_KEY)
-    if record.get("model_sha256") == model_sha256 and record.get("mlflow_run_id"):
-        run_id = record["mlflow_run_id"]   # the run the tune stage logged into (the model's, or its child)
-    track(params, metrics, decoding, time.monotonic() - start_all, run_id)
+    experiment = params.tracking.experiment
+    # The run the tune stage logged into (the model's, or its child), else the model's own run.
+    run_id = None
+    if tune_record().get("model_sha256") == model_sha256:
+        run_id = tracking.find_run(tracking.LINK_TUNED, model_sha256, experiment)
+    run_id = run_id or tracking.find_run(tracking.LINK_MODEL, model_sha256, experiment)
+    track(params, metrics, decoding, time.monotonic() - start_all, run_id, decode_seconds)
     return metrics
 
 
-def track(params: Params, metrics: dict[str, Any], decoding: Decoding, seconds: float, run_id: str | None) -> None:
+def track(params: Params, metrics: dict[str, Any], decoding: Decoding, seconds: float, run_id: str | None,
+          decode_seconds: dict[str, float] | None = None) -> None:
     """Log scores, the decoding settings (tags), attention maps, translations and the registered
     pyfunc model (whose signature carries the beam size and alpha used) into the run."""
     from mlflow.entities import RunTag
@@ -204,7 +210,8 @@ def track(params: Params, metrics: dict[str, Any], decoding: Decoding, seconds: 
     # params above and tune's choice, which already decide the run.
     tracking.best_effort("tags", tracking.client().log_batch, run_id,
                          tags=[RunTag(f"decoding.{k}", str(v)) for k, v in decoding.as_dict().items()])
-    values = {"time/evaluate_seconds": seconds}
+    values = {"time/evaluate_seconds": seconds,
+              **{f"time/decode_seconds/{name}": t for name, t in (decode_seconds or {}).items()}}
     for test_set, m in scores_of_test_sets(metrics).items():
         values.update({f"test/{test_set}/bleu": m["bleu"], f"test/{test_set}/chrf": m["chrf"]})
         if PAPER_KEY in m:

@@ -30,7 +30,7 @@ from pipeline.tracking import MlflowCallback, run_tags
 from transformer.atomic import write_json
 from transformer.data import TokenStore
 from transformer.model import Transformer
-from transformer.trainer import Trainer, TrainerCallback
+from transformer.trainer import Trainer, TrainerCallback, list_checkpoints
 
 TRACKED_SECTIONS = ("data", "tokenizer", "model", "train", "tracking")
 
@@ -80,7 +80,9 @@ def train(callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
     restored = trainer.resume(on_change="restart")
     if restored is not None:
         curves.restore(restored)
-        mlflow_cb.restore(restored, history=curves.history())
+        # The run that wrote these checkpoints, found by their content (tracking.find_run).
+        mlflow_cb.restore(reversed(list_checkpoints(paths.CHECKPOINT_DIR)), history=curves.history(),
+                          fingerprint=trainer.fingerprint())
         print(f"resuming from step {trainer.step} (epoch {trainer.epoch})", flush=True)
     elif params.train.init_from:
         print(f"initialised from {params.train.init_from} (sha256 {trainer.init_sha256[:12]}): fine-tuning with a "
@@ -91,7 +93,8 @@ def train(callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
               f"{trainer.world_size} process(es)", flush=True)
     start = time.monotonic()
     valid = trainer.train()
-    summary = {"steps": trainer.step, "epochs": trainer.epoch, "train_seconds": round(trainer.elapsed_seconds, 1),
+    # A DVC metric: what the run reached, never how long it took (that goes to MLflow and the console).
+    summary = {"steps": trainer.step, "epochs": trainer.epoch,
                "parameters": model.num_parameters(), **{k.replace("/", "_"): v for k, v in valid.items()}}
     if rank == 0:
         write_json(paths.TRAIN_METRICS, summary)

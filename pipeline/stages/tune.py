@@ -8,11 +8,12 @@ Greedy search (beam 1) ignores alpha, so beam 1 is decoded once, with the smalle
 The rule: the highest validation BLEU (sacrebleu, to 0.01 as reported); ties go to the smaller
 beam size, then to the smaller alpha (the cheaper search, the milder length bonus).
 
-Writes ``reports/tune.json`` (a DVC metric: the choice, the rule, every grid point's BLEU, chrF,
-length ratio and decoding time), ``reports/tune/<valid_set>.<tgt_lang>`` (the validation
-translations with the chosen settings, which the evaluate stage reuses) and
-``reports/tune/run.json`` (the model's hash, the settings, the MLflow run); logs ``tune.*`` params,
-``valid_bleu`` and the grid as a table into the model's MLflow run.
+Writes ``reports/tune.json`` (a DVC metric: the choice, the rule, every grid point's BLEU, chrF and
+length ratio), ``reports/tune/<valid_set>.<tgt_lang>`` (the validation translations with the chosen
+settings, which the evaluate stage reuses) and ``reports/tune/run.json`` (the model's hash and the
+settings); logs ``tune.*`` params, ``valid_bleu``, the grid as a table and the decoding times into
+the model's MLflow run (found by the model's sha256), which it tags as the run tune logged into.
+Times never go into the files: they are DVC outputs, and follow from the model and params alone.
 """
 
 from __future__ import annotations
@@ -44,20 +45,23 @@ def choose(points: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def search(translator: Translator, sources: list[str], references: list[str],
-           pairs: list[tuple[int, float]]) -> tuple[list[dict[str, Any]], dict[tuple[int, float], list[str]]]:
-    """Decode ``sources`` at every grid point; returns the points' scores and their translations."""
-    points, outputs = [], {}
+           pairs: list[tuple[int, float]],
+           ) -> tuple[list[dict[str, Any]], dict[tuple[int, float], list[str]], list[float]]:
+    """Decode ``sources`` at every grid point; returns the points' scores, their translations and,
+    apart (the machine's, not the model's), their decoding times in seconds."""
+    points, outputs, times = [], {}, []
     for beam_size, alpha in pairs:
         start = time.monotonic()
         hypotheses = translator.translate(sources, beam_size, alpha)
         seconds = time.monotonic() - start
         s = score(hypotheses, references)
         points.append({"beam_size": beam_size, "alpha": alpha, "bleu": s["bleu"], "chrf": s["chrf"],
-                       "length_ratio": s["length_ratio"], "seconds": round(seconds, 1)})
+                       "length_ratio": s["length_ratio"]})
         outputs[(beam_size, alpha)] = hypotheses
+        times.append(round(seconds, 2))
         print(f"beam {beam_size}  alpha {alpha:<4g}  BLEU {s['bleu']:6.2f}  chrF {s['chrf']:6.2f}  "
               f"length ratio {s['length_ratio']:.3f}  ({seconds:.1f} s)", flush=True)
-    return points, outputs
+    return points, outputs, times
 
 
 def tune(params: Params) -> dict[str, Any]:
@@ -72,29 +76,30 @@ def tune(params: Params) -> dict[str, Any]:
     pairs = grid(t)
     print(f"tuning on {data.valid_set} ({len(sources)} sentences): beam sizes {sorted(t.beam_sizes)} x alphas "
           f"{sorted(t.alphas)}, {len(pairs)} decodes", flush=True)
-    points, outputs = search(translator, sources, references, pairs)
+    points, outputs, times = search(translator, sources, references, pairs)
     chosen = choose(points)
     seconds = time.monotonic() - start_all
     best = outputs[(chosen["beam_size"], chosen["alpha"])]
     signature = score(best, references)["signature"]
     report = {"valid_set": data.valid_set, "sentences": len(sources), "rule": RULE,
               "chosen": {k: chosen[k] for k in ("beam_size", "alpha", "bleu", "chrf", "length_ratio")},
-              "seconds": round(seconds, 1), "signature": signature, "grid": points}
+              "signature": signature, "grid": points}
     write_lines(TUNE_DIR / f"{data.valid_set}.{data.tgt_lang}", best)
 
     section = {k: v for k, v in params.flat().items() if k.startswith("tune.")}
     section.update({"tune.chosen_beam_size": chosen["beam_size"], "tune.chosen_alpha": chosen["alpha"]})
-    run_id = tracking.stage_run(checkpoint.get("callbacks", {}).get(tracking.RUN_ID_KEY),
-                                params.tracking.experiment, section, "tune")
+    model_sha256 = file_sha256(paths.AVERAGED_MODEL)
+    model_run = tracking.find_run(tracking.LINK_MODEL, model_sha256, params.tracking.experiment)
+    run_id = tracking.stage_run(model_run, params.tracking.experiment, section, "tune")
     write_json(TUNE_REPORT, report)
-    write_json(TUNE_RUN, {"model_sha256": file_sha256(paths.AVERAGED_MODEL), "mlflow_run_id": run_id or "",
-                          "valid_set": data.valid_set, "sentences": len(sources), "beam_size": chosen["beam_size"],
-                          "alpha": chosen["alpha"], "max_len_b": e.max_len_b, "batch_sentences": e.batch_sentences,
-                          "precision": e.precision})
+    write_json(TUNE_RUN, {"model_sha256": model_sha256, "valid_set": data.valid_set, "sentences": len(sources),
+                          "beam_size": chosen["beam_size"], "alpha": chosen["alpha"], "max_len_b": e.max_len_b,
+                          "batch_sentences": e.batch_sentences, "precision": e.precision})
     print(f"chosen: beam {chosen['beam_size']}, alpha {chosen['alpha']:g} (BLEU {chosen['bleu']:.2f} on "
           f"{data.valid_set}; {RULE}) in {seconds:.0f} s", flush=True)
-    tracking.log_tune(run_id, report, TUNE_REPORT, seconds)
-    if run_id and run_id != checkpoint.get("callbacks", {}).get(tracking.RUN_ID_KEY):
+    tracking.link_run(run_id, tracking.LINK_TUNED, model_sha256)   # evaluate logs into the same run
+    tracking.log_tune(run_id, report, TUNE_REPORT, seconds, times)
+    if run_id and run_id != model_run:
         tracking.finish_run(run_id)   # a child run of its own (tune params changed); evaluate logs into it too
     return report
 

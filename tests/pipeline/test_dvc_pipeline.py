@@ -79,3 +79,70 @@ def test_tune_params_rerun_tune_and_evaluate_and_explicit_settings_win(workspace
     metrics = json.loads((copy / "reports/metrics.json").read_text())
     assert {k: metrics["decoding"][k] for k in ("beam_size", "alpha", "beam_size_from", "alpha_from")} == {
         "beam_size": 3, "alpha": 0.8, "beam_size_from": "params", "alpha_from": "params"}
+
+
+def test_a_fresh_run_of_the_same_commit_gives_the_same_lock_file(workspace, tmp_path):
+    """DVC's promise: a stage's outputs follow from its deps and params. A second workspace made
+    from the same code and params, run from scratch as the README says a user types it (the venv
+    entered with ``source .venv/bin/activate``, then plain ``dvc repro``), writes a dvc.lock
+    identical to the first run's, hash for hash: every output, from the corpus to the model, the
+    curves, the metrics, the translations and the attention plots."""
+    import os
+
+    from .conftest import make_workspace, tiny_params
+
+    path, env = make_workspace(tmp_path / "again", tiny_params())
+    # as a user's shell has it: no PYTHONPATH, the venv not on PATH until activated
+    env.pop("PYTHONPATH")
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p != str(BIN))
+    activate = BIN / "activate"
+    enter = f"source {activate} && " if activate.is_file() else f"export PATH={BIN}:$PATH && "
+    done = subprocess.run(["bash", "-c", enter + "dvc repro"], cwd=path, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    first, again = yaml.safe_load(workspace.first_lock), yaml.safe_load((path / "dvc.lock").read_text())
+    for stage, record in first["stages"].items():
+        assert again["stages"][stage]["outs"] == record["outs"], f"stage {stage}: outputs differ"
+    assert (path / "dvc.lock").read_text() == workspace.first_lock
+    # nothing DVC tracks holds a time or a speed
+    for name in ("reports/train_metrics.json", "reports/tune.json", "reports/metrics.json", "reports/tune/run.json"):
+        text = (path / name).read_text()
+        assert "seconds" not in text and "mlflow_run_id" not in text, name
+    assert "tokens_per_s" not in (path / "reports/train_curve.csv").read_text()
+
+
+def test_a_failed_run_loses_nothing_dvc_checkout_restores_every_output(workspace, tmp_path):
+    """DVC deletes a stage's outputs before running it; a stage that then refuses its params (exit 2)
+    leaves them gone, and ``dvc checkout`` brings every one back from the cache (no output is
+    ``cache: false``)."""
+    copy = tmp_path / "repo"
+    shutil.copytree(workspace.path, copy, ignore=shutil.ignore_patterns("mlflow.db", "mlartifacts", "plots_html"))
+    env = {**workspace.env, "PYTHONPATH": str(copy), "MLFLOW_TRACKING_URI": f"sqlite:///{copy / 'mlflow.db'}"}
+    subprocess.run(["git", "checkout", "-q", "--", "params.yaml", "dvc.lock"], cwd=copy, env=env, check=True)
+    subprocess.run([str(BIN / "dvc"), "checkout", "-q"], cwd=copy, env=env, check=True, capture_output=True)
+    kept = {name: (copy / name).read_bytes() for name in (
+        "reports/train_curve.csv", "reports/valid_curve.csv", "reports/train_metrics.json", "reports/tune.json",
+        "reports/metrics.json", "models/model.pt")}
+    params = yaml.safe_load((copy / "params.yaml").read_text())
+    params["train"]["max_tokens"] = -5
+    (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    # `make run` checks first and runs nothing
+    checked = subprocess.run([str(BIN / "python"), "-m", "pipeline.params"], cwd=copy, env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert checked.returncode == 2
+    assert checked.stderr.strip() == "error: params.yaml: train.max_tokens must be a positive integer, got -5"
+    # plain `dvc repro`: the train stage refuses, after DVC removed its outputs
+    refused = subprocess.run([str(BIN / "dvc"), "repro"], cwd=copy, env=env, capture_output=True, text=True,
+                             timeout=300)
+    assert refused.returncode != 0
+    assert "train.max_tokens must be a positive integer" in refused.stdout + refused.stderr
+    assert not (copy / "reports/train_curve.csv").exists()
+    subprocess.run(["git", "checkout", "-q", "--", "params.yaml"], cwd=copy, env=env, check=True)
+    restored = subprocess.run([str(BIN / "dvc"), "checkout"], cwd=copy, env=env, capture_output=True, text=True,
+                              timeout=300)
+    assert restored.returncode == 0, restored.stderr
+    for name, content in kept.items():
+        assert (copy / name).read_bytes() == content, name
+    status = subprocess.run([str(BIN / "dvc"), "status"], cwd=copy, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert "Data and pipelines are up to date" in status.stdout, status.stdout

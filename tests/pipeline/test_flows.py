@@ -205,20 +205,22 @@ def test_failing_stage_fails_the_flow_and_promotes_nothing(first_retraining, ws)
 
 
 @needs_mirror
-def test_overrides_run_a_dvc_experiment_and_a_bad_value_fails_in_its_stage(first_retraining, ws):
+def test_overrides_run_a_dvc_experiment_and_a_bad_value_fails_before_it(first_retraining, ws):
     from pipeline.flows import training_pipeline
 
     client = mlflow_client()
     champion_before = client.get_model_version_by_alias(MODEL, CHAMPION_ALIAS).version
     original = (ws / "params.yaml").read_text()
+    experiments_before = len(task_runs("dvc exp run"))
+    outputs_before = (ws / "reports/metrics.json").read_bytes()
     try:
+        # checked with the override applied before DVC starts: no experiment, no output removed
         state = training_pipeline(workdir=str(ws), overrides=["evaluate.beam_size=0"], return_state=True)
         assert state.is_failed()
-        (failed,) = [t for t in task_runs("dvc exp run") if t.state.is_failed()]
-        error = "error: params.yaml: evaluate.beam_size must be a positive integer, got 0"
-        assert error in failed.state.message and error in run_logs(task_run_id=failed.id)
-        assert failed.run_count == 1
-        assert (ws / "params.yaml").read_text() == original   # the failed experiment's override is not kept
+        assert "params.yaml: evaluate.beam_size must be a positive integer, got 0" in state.message
+        assert len(task_runs("dvc exp run")) == experiments_before
+        assert (ws / "params.yaml").read_text() == original
+        assert (ws / "reports/metrics.json").read_bytes() == outputs_before
 
         state = training_pipeline(workdir=str(ws), overrides=["evaluate.beam_size=1"], return_state=True)
         assert state.is_completed(), state.message

@@ -25,7 +25,34 @@ def test_the_shipped_params_load_into_typed_configs():
     assert params.model.config(8000).d_model == 256 and params.model.config(8000).vocab_size == 8000
     assert params.data.pair == "en-de" and params.data.test_sets == ["test_2016_flickr"]
     flat = params.flat()
-    assert flat["train.max_tokens"] == params.train.max_tokens and flat["model.preset"] == "small"
+    assert flat["train.max_tokens"] == params.train.max_tokens and flat["model.preset"] == "laptop"
+
+
+def test_the_default_recipe_is_named_and_ends_on_updates():
+    """The default model is a preset, with no overrides that another preset would inherit; training
+    ends on a number of updates and checkpoints by updates, never on the clock."""
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    assert set(raw["model"]) == {"preset"}
+    params = load_params(REPO / "params.yaml")
+    assert params.model.overrides == {}
+    t = params.train
+    assert t.max_minutes == 0 and t.checkpoint_every_minutes == 0
+    assert t.max_steps > 0 and t.checkpoint_every_steps > 0
+    assert t.max_steps % t.checkpoint_every_steps == 0   # the last checkpoint is the last update's
+    assert params.average.last_n <= t.keep_checkpoints
+
+
+def test_check_refuses_a_bad_value_with_overrides_applied(tmp_path):
+    from pipeline.params import ParamsError, check
+
+    path = tmp_path / "params.yaml"
+    path.write_text((REPO / "params.yaml").read_text())
+    assert check(path, ["train.max_steps=7"]).train.max_steps == 7
+    with pytest.raises(ParamsError, match="train.max_tokens must be a positive integer, got -5"):
+        check(path, ["train.max_tokens=-5"])
+    with pytest.raises(ParamsError, match="is not section.key=value"):
+        check(path, ["max_tokens=5"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]   # the temporary copy is gone
 
 
 def test_recipes_load():

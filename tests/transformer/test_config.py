@@ -26,7 +26,7 @@ def test_tiny_preset_and_overrides():
     assert cfg.vocab_size == 24
     assert (cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout) == (32, 2, 64, 0.2)
     assert cfg.d_head == 16
-    assert set(PRESETS) == {"tiny", "small", "base", "big"}
+    assert set(PRESETS) == {"tiny", "small", "laptop", "base", "big"}
 
 
 def test_to_dict_from_dict_round_trip():

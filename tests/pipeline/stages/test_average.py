@@ -15,7 +15,26 @@ def test_model_is_the_mean_of_the_last_checkpoints(workspace):
         mean = sum(c["model"][name].double() for c in ckpts) / 3
         torch.testing.assert_close(tensor, mean.to(tensor.dtype), rtol=0, atol=1e-7)
     assert model["model_config"] == ckpts[-1]["model_config"]
-    assert model["callbacks"]["mlflow_run_id"]  # the run that evaluate logs into
+    # No run id, time or host in the file (a DVC output): the run is found by the model's content.
+    assert set(model) == {"model_config", "model", "averaged_from"}
+
+
+def test_the_training_run_is_tagged_with_the_model_it_made(workspace):
+    from mlflow.tracking import MlflowClient
+
+    from pipeline import tracking
+    from transformer.atomic import file_sha256
+
+    client = MlflowClient(workspace.tracking_uri, workspace.tracking_uri)
+    sha = file_sha256(workspace.path / "models/model.pt")
+    newest = file_sha256(workspace.path / "models/checkpoints/checkpoint_00000040.pt")
+    run_id = tracking.find_run(tracking.LINK_MODEL, sha, "test-experiment", client)
+    assert run_id is not None
+    run = client.get_run(run_id)
+    assert run.data.tags[tracking.LINK_MODEL] == sha
+    assert run.data.tags[tracking.LINK_CHECKPOINT] == newest      # the training's own run: its last checkpoint
+    assert run.data.params["average.last_n"] == "3"
+    assert tracking.find_run(tracking.LINK_MODEL, "0" * 64, "test-experiment", client) is None
 
 
 def test_fewer_checkpoints_than_asked_for_are_averaged_with_a_warning(workspace, tmp_path, monkeypatch, capsys):

@@ -31,10 +31,8 @@ def test_attention_heatmaps_for_every_kind_and_layer(workspace):
 
 
 def first_run_metrics(workspace) -> dict:
-    """reports/metrics.json of the session's first `dvc repro` (committed; later experiments change the file)."""
-    shown = workspace.run("git", "show", "HEAD:reports/metrics.json")
-    assert shown.returncode == 0, shown.stderr
-    return json.loads(shown.stdout)
+    """reports/metrics.json of the session's first `dvc repro` (later experiments change the file)."""
+    return json.loads(workspace.first_outputs["reports/metrics.json"])
 
 
 def test_decoding_settings_and_their_sources_are_recorded(workspace):

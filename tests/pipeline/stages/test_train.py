@@ -23,14 +23,18 @@ def test_checkpoints_curves_and_metrics(workspace):
     assert ckpts == ["checkpoint_00000020.pt", "checkpoint_00000030.pt", "checkpoint_00000040.pt"]  # keep 3
     train = rows(workspace.path / "reports/train_curve.csv")
     assert [int(r["step"]) for r in train] == [10, 20, 30, 40]
-    assert {"loss", "nll", "ppl", "lr", "grad_norm", "target_tokens_per_s"} <= set(train[0])
+    assert {"loss", "nll", "ppl", "lr", "grad_norm"} <= set(train[0])
+    assert "target_tokens_per_s" not in train[0]   # the machine's speed: console and MLflow, not DVC's files
     assert float(train[-1]["loss"]) < float(train[0]["loss"])  # it learns
     valid = rows(workspace.path / "reports/valid_curve.csv")
     assert [int(r["step"]) for r in valid] == [20, 40]
     metrics = json.loads((workspace.path / "reports/train_metrics.json").read_text())
-    assert metrics["steps"] == 40 and metrics["parameters"] > 0
+    assert metrics["steps"] == 40 and metrics["parameters"] > 0 and "train_seconds" not in metrics
     state = load_checkpoint(workspace.path / "models/checkpoints/checkpoint_00000040.pt")
     assert state["step"] == 40 and state["model_config"]["vocab_size"] == 400
+    # no run id and no wall time in a checkpoint of a run limited by updates (a DVC output)
+    assert state["elapsed_seconds"] == 0.0 and "curves" in state["callbacks"]
+    assert "mlflow_run_id" not in state["callbacks"]
 
 
 def test_killed_training_resumes_from_its_last_checkpoint(workspace, tmp_path):
