@@ -45,7 +45,7 @@ serve: setup  ## serve the scheduled retraining flow (Prefect)
 
 .PHONY: serve-model
 serve-model: setup  ## serve the registry's champion (else latest) translator over HTTP on 127.0.0.1:MODEL_PORT (default 5001)
-	$(BIN)/python -m pipeline.serving --port $(or $(MODEL_PORT),5001)
+	$(BIN)/python -m pipeline.serving.mlflow_server --port $(or $(MODEL_PORT),5001)
 
 .PHONY: docs
 docs: setup  ## docs/figures: the paper's figures and worked numbers (with the trained model when `make run` made one)

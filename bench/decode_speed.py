@@ -3,7 +3,7 @@
 Four decoders translate the same source sentences with beam 4 (§6.1) on the same weights:
 
 (a) ours: ``transformer.search.beam_search``, batched, with the decoder's key/value cache
-    (one new position per hypothesis and step), through ``pipeline.translator.Translator``
+    (one new position per hypothesis and step), through ``pipeline.serving.translator.Translator``
     (weights packed once for oneDNN, ``transformer.packed``), fp32, and with bf16 weights;
 (b) naive: the reference of ``ratio=``. The same search and batching on the plain eager model
     (the package's ``nn.Linear`` layers, as trained: ``packed=False``), but every step re-runs
@@ -13,7 +13,7 @@ Four decoders translate the same source sentences with beam 4 (§6.1) on the sam
 (b') naive, packed weights: (b) on (a)'s packed weights. Same algorithm, same kernels, same
     outputs (up to float rounding): ours against it isolates what the cache saves;
 (c) CTranslate2 fp32 (``compute_type="float32"``) on the export of the same weights
-    (``pipeline.export``), with as many intra-op threads as torch uses (``--threads``). Its length penalty
+    (``pipeline.serving.export``), with as many intra-op threads as torch uses (``--threads``). Its length penalty
     is |Y| ** lp rather than GNMT's ((5 + |Y|) / 6) ** alpha, so a few outputs may differ.
 
 Speed is target tokens (hypothesis + EOS) per second, the median of ``--rounds`` interleaved
@@ -50,9 +50,9 @@ import torch
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from pipeline.decoding import DecodingConfig
-from pipeline.export import build_spec, export_ctranslate2, sentencepiece_vocabulary
-from pipeline.translator import Translator
+from pipeline.serving.decoding import DecodingConfig
+from pipeline.serving.export import build_spec, export_ctranslate2, sentencepiece_vocabulary
+from pipeline.serving.translator import Translator
 from transformer.checkpoint import load_model
 from transformer.config import build_config
 from transformer.data import write_token_store
@@ -185,7 +185,7 @@ def floating_point_work(model: nn.Module, tokenizer: Tokenizer | None, ids: list
 
 def ctranslate2_decoder(model: Transformer, tokenizer: Tokenizer | None, workdir: Path, args: argparse.Namespace
                         ) -> Callable[[Sequence[Sequence[int]]], list[list[int]]]:
-    """CTranslate2 beam search on ``model``'s weights exported with ``pipeline.export``."""
+    """CTranslate2 beam search on ``model``'s weights exported with ``pipeline.serving.export``."""
     path = workdir / "ct2"
     if tokenizer is not None:
         export_ctranslate2(model, tokenizer.model_file, path)

@@ -127,12 +127,12 @@ def in_process_reference(model_uri: str, sentences: list[str], requests: int, ba
 
 def default_model_uri() -> str:
     """The version ``make serve-model`` serves (champion, else latest)."""
-    from pipeline import tracking
     from pipeline.params import PARAMS_FILE, load_params
-    from pipeline.serving import served_version
+    from pipeline.serving.mlflow_server import served_version
+    from pipeline.tracking import store
 
     name = load_params(PARAMS_FILE).tracking.registered_model if Path(PARAMS_FILE).is_file() else "transformer"
-    version, _ = served_version(tracking.client(), name)
+    version, _ = served_version(store.client(), name)
     return f"models:/{name}/{version.version}"
 
 

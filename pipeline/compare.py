@@ -23,8 +23,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import mlflow  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from pipeline import tracking  # noqa: E402
 from pipeline.params import load_params  # noqa: E402
+from pipeline.tracking import store  # noqa: E402
 from transformer.atomic import atomic_write, write_text  # noqa: E402
 
 REPORT = Path("reports/compare.md")
@@ -42,7 +42,7 @@ def runs_table(experiment: str, metric: str = RANK_METRIC,
     and chrF are shown (``test_sets`` first, then any other the runs have), never used to rank.
     Returns the table and the names of the params that differ between runs."""
     check_metric(metric)
-    tracking.client()
+    store.client()
     runs = mlflow.search_runs(experiment_names=[experiment], max_results=10_000)
     if runs.empty:
         return runs, []
@@ -84,7 +84,7 @@ def ranking_column(metric: str) -> str:
 
 def plot_curves(experiment: str, run_ids: list[str], labels: list[str], path: Path) -> bool:
     """Validation perplexity against step, one line per run; False when no run has the curve."""
-    c = tracking.client()
+    c = store.client()
     fig, ax = plt.subplots(figsize=(7, 4))
     drawn = False
     for run_id, label in zip(run_ids, labels):
@@ -123,7 +123,7 @@ def main() -> None:
     experiment = args.experiment or params.tracking.experiment
     table, differing = runs_table(experiment, args.metric, params.data.test_sets if params else None)
     if table.empty:
-        print(f"no runs in experiment {experiment!r} at {tracking.tracking_uri()}", file=sys.stderr)
+        print(f"no runs in experiment {experiment!r} at {store.tracking_uri()}", file=sys.stderr)
         sys.exit(1)
     header = (f"# Runs of {experiment}, ranked by {args.metric} (validation); runs without it last\n\n"
               f"The column `{ranking_column(args.metric)}` ranks. Test scores are shown, never used to rank.\n\n"

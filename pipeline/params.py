@@ -20,7 +20,7 @@ import yaml
 
 from pipeline.data.registry import check_data_params
 from pipeline.data.spec import DataError
-from pipeline.decoding import DecodingConfig
+from pipeline.serving.decoding import DecodingConfig
 from transformer.config import PRESETS, ConfigError, ModelConfig, build_config
 from transformer.train_config import TrainConfig
 

@@ -219,7 +219,7 @@ def experiment_states(prefix: str) -> dict[str, str]:
 
 
 def _same(logged: str | None, value: Any) -> bool:
-    """Whether an MLflow param string (``tracking._param_value``) holds ``value``."""
+    """Whether an MLflow param string (``pipeline.tracking.tags.param_value``) holds ``value``."""
     if logged is None or (isinstance(logged, float) and math.isnan(logged)):
         return False
     if isinstance(value, bool):
@@ -241,9 +241,9 @@ def runs_frame(experiment: str):
     """Every run of ``experiment`` (a pandas DataFrame of ``mlflow.search_runs``)."""
     import mlflow
 
-    from pipeline import tracking
+    from pipeline.tracking import store
 
-    tracking.client()
+    store.client()
     return mlflow.search_runs(experiment_names=[experiment], max_results=10_000)
 
 
@@ -284,10 +284,10 @@ def _use_repository_store(experiment: str) -> None:
     """Queued experiments run in temporary copies of the repository: point their MLflow at this
     repository's store (the embedded SQLite one unless MLFLOW_TRACKING_URI is set), and create the
     experiment here first, so that its artifacts live beside the store, not in a deleted copy."""
-    from pipeline import tracking
+    from pipeline.tracking import store
 
-    os.environ["MLFLOW_TRACKING_URI"] = tracking.tracking_uri()
-    tracking.best_effort("experiment creation", tracking.experiment_id, experiment)
+    os.environ["MLFLOW_TRACKING_URI"] = store.tracking_uri()
+    store.best_effort("experiment creation", store.experiment_id, experiment)
 
 
 def final_values(sweep: Sweep, raw: dict[str, Any]) -> dict[str, Any]:

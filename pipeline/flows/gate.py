@@ -30,7 +30,7 @@ from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from pipeline.tracking import CHAMPION_ALIAS
+from pipeline.tracking.store import CHAMPION_ALIAS
 
 PROMOTED, FIRST_MODEL, REJECTED, UNCHANGED = "promoted", "first-model", "rejected", "unchanged"
 
@@ -241,8 +241,8 @@ def translate_with_version(client: MlflowClient, name: str, version: str, source
     tokenizer, the pyfunc model's artifacts). ``beam_size`` / ``alpha`` None: the version's own
     registered settings (what its evaluate stage chose). Returns the translations by set and the
     beam size and alpha used."""
-    from pipeline.decoding import DecodingConfig
-    from pipeline.translator import load_translator
+    from pipeline.serving.decoding import DecodingConfig
+    from pipeline.serving.translator import load_translator
 
     with tempfile.TemporaryDirectory(prefix="champion-") as tmp:
         files = version_files(client, name, version, Path(tmp), tracking_uri)
@@ -259,7 +259,7 @@ def translate_with_version(client: MlflowClient, name: str, version: str, source
 
 def registered_decoding(mlmodel: Path) -> dict[str, float]:
     """The decoding settings a version was registered with: the defaults of its signature's
-    params (``beam_size``, ``alpha``; ``pipeline.mlflow_model.log_translator`` writes them)."""
+    params (``beam_size``, ``alpha``; ``pipeline.serving.mlflow_model.log_translator`` writes them)."""
     from mlflow.models.signature import ModelSignature
 
     signature = (yaml.safe_load(mlmodel.read_text()) or {}).get("signature")
@@ -273,7 +273,7 @@ def version_files(client: MlflowClient, name: str, version: str, dst: Path,
                   tracking_uri: str | None = None) -> dict[str, Path]:
     """Download a registered version's pyfunc model into ``dst``; returns its artifacts by key:
     ``model`` (the averaged checkpoint: config + weights) and ``tokenizer`` (the SentencePiece
-    model), as ``pipeline.mlflow_model.log_translator`` logged them, and ``MLmodel`` (its metadata)."""
+    model), as ``pipeline.serving.mlflow_model.log_translator`` logged them, and ``MLmodel`` (its metadata)."""
     import mlflow
 
     uri = client.get_model_version_download_uri(name, version)

@@ -14,7 +14,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from pipeline import paths, tracking
+from pipeline import paths
 from pipeline.flows.dvc_tasks import (
     RETRIES,
     STAGES,
@@ -38,6 +38,7 @@ from pipeline.flows.gate import (
 from pipeline.params import Params, load_params
 from pipeline.params import check as check_params
 from pipeline.text_files import read_lines
+from pipeline.tracking import links, store
 
 METRICS_ARTIFACT = "training-metrics"
 GATE_ARTIFACT = "promotion-gate"
@@ -45,7 +46,7 @@ GATE_ARTIFACT = "promotion-gate"
 
 def tracking_uri(root: Path) -> str:
     """The store the stages of ``root`` log into: ``MLFLOW_TRACKING_URI``, else ``root/mlflow.db``."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root / tracking.DEFAULT_DB}"
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root / store.DEFAULT_DB}"
 
 
 def params_of(root: Path) -> Params:
@@ -67,7 +68,7 @@ def model_run_id(root: Path, experiment: str, client: MlflowClient) -> str:
     model = root / paths.AVERAGED_MODEL
     if not model.is_file():
         raise GateError(f"{model} does not exist: the average stage did not finish")
-    run_id = tracking.find_run(tracking.LINK_MODEL, file_sha256(model), experiment, client)
+    run_id = links.find_run(links.LINK_MODEL, file_sha256(model), experiment, client)
     if not run_id:
         raise GateError(f"no MLflow run of experiment {experiment!r} in {client.tracking_uri} made {model}: "
                         "nothing to register or promote")

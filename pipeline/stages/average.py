@@ -7,8 +7,9 @@ import sys
 import time
 from typing import Any
 
-from pipeline import paths, tracking
+from pipeline import paths
 from pipeline.params import ParamsError, load_params, run_stage
+from pipeline.tracking import links, runs
 from transformer.checkpoint import average_checkpoints, file_sha256, save_checkpoint
 from transformer.trainer import list_checkpoints
 
@@ -34,15 +35,15 @@ def main() -> None:
     averaged = average(params.average.last_n)
     section = {k: v for k, v in params.flat().items() if k.startswith("average.")}
     # The training run: the one that tagged the newest averaged checkpoint as its own.
-    training_run = tracking.find_run(tracking.LINK_CHECKPOINT, file_sha256(averaged["averaged_from"][-1]),
+    training_run = links.find_run(links.LINK_CHECKPOINT, file_sha256(averaged["averaged_from"][-1]),
                                      params.tracking.experiment)
-    run_id = tracking.stage_run(training_run, params.tracking.experiment, section, "average")
+    run_id = runs.stage_run(training_run, params.tracking.experiment, section, "average")
     save_checkpoint(paths.AVERAGED_MODEL, averaged)
     # The run that tune and evaluate log into (the training run or its child), found by the model's content.
-    tracking.link_run(run_id, tracking.LINK_MODEL, file_sha256(paths.AVERAGED_MODEL))
+    links.link_run(run_id, links.LINK_MODEL, file_sha256(paths.AVERAGED_MODEL))
     print(f"averaged {len(averaged['averaged_from'])} checkpoint(s) into {paths.AVERAGED_MODEL}: "
           f"{', '.join(averaged['averaged_from'])}")
-    tracking.log_metrics(run_id, {"time/average_seconds": time.monotonic() - start,
+    runs.log_metrics(run_id, {"time/average_seconds": time.monotonic() - start,
                                   "average/checkpoints_used": len(averaged["averaged_from"])})
 
 

@@ -20,13 +20,14 @@ from typing import Any
 import sacrebleu
 import torch
 
-from pipeline import paths, tracking
+from pipeline import paths
 from pipeline.attention_plots import plot_attention
-from pipeline.decoding import DecodingConfig
 from pipeline.paper_bleu import bleu_tok_compound_split
 from pipeline.params import Decoding, Params, ParamsError, decoding_settings, load_params, run_stage
+from pipeline.serving.decoding import DecodingConfig
+from pipeline.serving.translator import Translator, load_translator
 from pipeline.text_files import read_lines
-from pipeline.translator import Translator, load_translator
+from pipeline.tracking import links, runs, store
 from transformer.atomic import write_json, write_lines
 from transformer.checkpoint import file_sha256, load_checkpoint
 from transformer.search import attention_weights
@@ -188,8 +189,8 @@ def evaluate(params: Params) -> dict[str, Any]:
     # The run the tune stage logged into (the model's, or its child), else the model's own run.
     run_id = None
     if tune_record().get("model_sha256") == model_sha256:
-        run_id = tracking.find_run(tracking.LINK_TUNED, model_sha256, experiment)
-    run_id = run_id or tracking.find_run(tracking.LINK_MODEL, model_sha256, experiment)
+        run_id = links.find_run(links.LINK_TUNED, model_sha256, experiment)
+    run_id = run_id or links.find_run(links.LINK_MODEL, model_sha256, experiment)
     track(params, metrics, decoding, time.monotonic() - start_all, run_id, decode_seconds)
     return metrics
 
@@ -200,15 +201,15 @@ def track(params: Params, metrics: dict[str, Any], decoding: Decoding, seconds: 
     pyfunc model (whose signature carries the beam size and alpha used) into the run."""
     from mlflow.entities import RunTag
 
-    from pipeline.mlflow_model import log_translator
+    from pipeline.serving.mlflow_model import log_translator
 
     section = {k: v for k, v in params.flat().items() if k.startswith("evaluate.")}
-    run_id = tracking.stage_run(run_id, params.tracking.experiment, section, "evaluate")
+    run_id = runs.stage_run(run_id, params.tracking.experiment, section, "evaluate")
     if run_id is None:
         return
     # The settings used, as tags (decoding.beam_size = 4, decoding.alpha_from = tune): derived from the
     # params above and tune's choice, which already decide the run.
-    tracking.best_effort("tags", tracking.client().log_batch, run_id,
+    store.best_effort("tags", store.client().log_batch, run_id,
                          tags=[RunTag(f"decoding.{k}", str(v)) for k, v in decoding.as_dict().items()])
     values = {"time/evaluate_seconds": seconds,
               **{f"time/decode_seconds/{name}": t for name, t in (decode_seconds or {}).items()}}
@@ -220,16 +221,16 @@ def track(params: Params, metrics: dict[str, Any], decoding: Decoding, seconds: 
         values.update({f"dev/{dev_set}/bleu": m["bleu"], f"dev/{dev_set}/chrf": m["chrf"]})
     # What a sweep ranks runs by: val BLEU with the settings this run's model is registered with.
     values["valid_bleu"] = metrics[DEV][params.data.valid_set]["bleu"]
-    tracking.log_metrics(run_id, values)
-    tracking.log_artifacts(run_id, [paths.ATTENTION_DIR], "attention")
-    tracking.log_artifacts(run_id, [paths.TRANSLATIONS_DIR], "translations")
-    tracking.log_artifacts(run_id, [Path("params.yaml"), Path("dvc.lock"), paths.METRICS], "run")
-    version = tracking.best_effort("model logging", log_translator, run_id, paths.AVERAGED_MODEL,
+    runs.log_metrics(run_id, values)
+    runs.log_artifacts(run_id, [paths.ATTENTION_DIR], "attention")
+    runs.log_artifacts(run_id, [paths.TRANSLATIONS_DIR], "translations")
+    runs.log_artifacts(run_id, [Path("params.yaml"), Path("dvc.lock"), paths.METRICS], "run")
+    version = store.best_effort("model logging", log_translator, run_id, paths.AVERAGED_MODEL,
                                    paths.TOKENIZER_MODEL, params.tracking.registered_model,
                                    decoding.beam_size, decoding.alpha)
     if version:
         print(f"MLflow: registered model {params.tracking.registered_model!r} version {version} (run {run_id})")
-    tracking.finish_run(run_id)
+    runs.finish_run(run_id)
 
 
 def main() -> None:

@@ -26,7 +26,8 @@ from pipeline import paths
 from pipeline.curves import CurveWriter
 from pipeline.data.spec import DataError
 from pipeline.params import ParamsError, load_params, run_stage
-from pipeline.tracking import MlflowCallback, run_tags
+from pipeline.tracking.callback import MlflowCallback
+from pipeline.tracking.tags import run_tags
 from transformer.atomic import write_json
 from transformer.data import TokenStore
 from transformer.model import Transformer
@@ -80,7 +81,7 @@ def train(callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
     restored = trainer.resume(on_change="restart")
     if restored is not None:
         curves.restore(restored)
-        # The run that wrote these checkpoints, found by their content (tracking.find_run).
+        # The run that wrote these checkpoints, found by their content (links.find_run).
         mlflow_cb.restore(reversed(list_checkpoints(paths.CHECKPOINT_DIR)), history=curves.history(),
                           fingerprint=trainer.fingerprint())
         print(f"resuming from step {trainer.step} (epoch {trainer.epoch})", flush=True)

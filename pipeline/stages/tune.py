@@ -22,11 +22,12 @@ import argparse
 import time
 from typing import Any
 
-from pipeline import paths, tracking
+from pipeline import paths
 from pipeline.params import TUNE_REPORT, Params, TuneParams, load_params, run_stage
+from pipeline.serving.translator import Translator
 from pipeline.stages.evaluate import TUNE_DIR, TUNE_RUN, build_translator, load_averaged, score, split_files
 from pipeline.text_files import read_lines
-from pipeline.translator import Translator
+from pipeline.tracking import links, runs
 from transformer.atomic import write_json, write_lines
 from transformer.checkpoint import file_sha256
 
@@ -89,18 +90,18 @@ def tune(params: Params) -> dict[str, Any]:
     section = {k: v for k, v in params.flat().items() if k.startswith("tune.")}
     section.update({"tune.chosen_beam_size": chosen["beam_size"], "tune.chosen_alpha": chosen["alpha"]})
     model_sha256 = file_sha256(paths.AVERAGED_MODEL)
-    model_run = tracking.find_run(tracking.LINK_MODEL, model_sha256, params.tracking.experiment)
-    run_id = tracking.stage_run(model_run, params.tracking.experiment, section, "tune")
+    model_run = links.find_run(links.LINK_MODEL, model_sha256, params.tracking.experiment)
+    run_id = runs.stage_run(model_run, params.tracking.experiment, section, "tune")
     write_json(TUNE_REPORT, report)
     write_json(TUNE_RUN, {"model_sha256": model_sha256, "valid_set": data.valid_set, "sentences": len(sources),
                           "beam_size": chosen["beam_size"], "alpha": chosen["alpha"], "max_len_b": e.max_len_b,
                           "batch_sentences": e.batch_sentences, "precision": e.precision})
     print(f"chosen: beam {chosen['beam_size']}, alpha {chosen['alpha']:g} (BLEU {chosen['bleu']:.2f} on "
           f"{data.valid_set}; {RULE}) in {seconds:.0f} s", flush=True)
-    tracking.link_run(run_id, tracking.LINK_TUNED, model_sha256)   # evaluate logs into the same run
-    tracking.log_tune(run_id, report, TUNE_REPORT, seconds, times)
+    links.link_run(run_id, links.LINK_TUNED, model_sha256)   # evaluate logs into the same run
+    runs.log_tune(run_id, report, TUNE_REPORT, seconds, times)
     if run_id and run_id != model_run:
-        tracking.finish_run(run_id)   # a child run of its own (tune params changed); evaluate logs into it too
+        runs.finish_run(run_id)   # a child run of its own (tune params changed); evaluate logs into it too
     return report
 
 

@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 from pipeline.flows import finetune, gate
 from pipeline.flows.gate import Systems, promote_if_better
 from pipeline.params import FlowsParams
-from pipeline.tracking import CHAMPION_ALIAS
+from pipeline.tracking.store import CHAMPION_ALIAS
 
 from .conftest import MIRROR, make_workspace, needs_mirror, tiny_params
 

@@ -1,4 +1,4 @@
-"""pipeline/tracking.py against a real MLflow store: the pipeline's run, its params, metric
+"""pipeline/tracking/ against a real MLflow store: the pipeline's run, its params, metric
 histories, attention artifacts, the registered pyfunc model; and a server that goes away."""
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from pipeline import tracking
-from pipeline.translator import Translator
+from pipeline.serving.translator import Translator
+from pipeline.tracking import buffer, callback
 from transformer.checkpoint import load_model
 from transformer.config import build_config
 from transformer.data import write_token_store
 from transformer.model import Transformer
 from transformer.tokenizer import Tokenizer
-from transformer.trainer import TrainConfig, Trainer
+from transformer.trainer import TrainConfig, Trainer, TrainerCallback
 
 from .conftest import BIN
 
@@ -133,13 +133,13 @@ def test_training_survives_a_tracking_server_that_goes_away(tmp_path, monkeypatc
         monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
         monkeypatch.chdir(tmp_path)
         store = write_token_store(tmp_path / "train", [([4 + i % 20, 5, 6], [7, 8 + i % 10]) for i in range(64)], 32)
-        cb = tracking.MlflowCallback("server-test", {"train.max_steps": 60}, {}, {"dataset": "toy"})
+        cb = callback.MlflowCallback("server-test", {"train.max_steps": 60}, {}, {"dataset": "toy"})
 
-        class KillServer(tracking.TrainerCallback):
+        class KillServer(TrainerCallback):
             def on_log(self, step, metrics):
                 if step == 30:
                     cb.logger.close()  # flush what came so far, then pull the server away
-                    cb.logger = tracking.BackgroundLogger(cb.client, cb.run_id, flush_seconds=0.2)
+                    cb.logger = buffer.BackgroundLogger(cb.client, cb.run_id, flush_seconds=0.2)
                     kill_server()
 
         trainer = Trainer(Transformer(build_config("tiny", 32)),
@@ -148,7 +148,7 @@ def test_training_survives_a_tracking_server_that_goes_away(tmp_path, monkeypatc
                           store, callbacks=[cb, KillServer()])
         trainer.train()
         assert trainer.step == 60
-        unsent = tracking.UNSENT_FILE
+        unsent = buffer.UNSENT_FILE
         assert unsent.is_file()
         kept = json.loads(unsent.read_text())
         assert kept["run_id"] == cb.run_id

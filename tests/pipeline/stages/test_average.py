@@ -22,19 +22,19 @@ def test_model_is_the_mean_of_the_last_checkpoints(workspace):
 def test_the_training_run_is_tagged_with_the_model_it_made(workspace):
     from mlflow.tracking import MlflowClient
 
-    from pipeline import tracking
+    from pipeline.tracking import links
     from transformer.atomic import file_sha256
 
     client = MlflowClient(workspace.tracking_uri, workspace.tracking_uri)
     sha = file_sha256(workspace.path / "models/model.pt")
     newest = file_sha256(workspace.path / "models/checkpoints/checkpoint_00000040.pt")
-    run_id = tracking.find_run(tracking.LINK_MODEL, sha, "test-experiment", client)
+    run_id = links.find_run(links.LINK_MODEL, sha, "test-experiment", client)
     assert run_id is not None
     run = client.get_run(run_id)
-    assert run.data.tags[tracking.LINK_MODEL] == sha
-    assert run.data.tags[tracking.LINK_CHECKPOINT] == newest      # the training's own run: its last checkpoint
+    assert run.data.tags[links.LINK_MODEL] == sha
+    assert run.data.tags[links.LINK_CHECKPOINT] == newest      # the training's own run: its last checkpoint
     assert run.data.params["average.last_n"] == "3"
-    assert tracking.find_run(tracking.LINK_MODEL, "0" * 64, "test-experiment", client) is None
+    assert links.find_run(links.LINK_MODEL, "0" * 64, "test-experiment", client) is None
 
 
 def test_fewer_checkpoints_than_asked_for_are_averaged_with_a_warning(workspace, tmp_path, monkeypatch, capsys):

@@ -10,9 +10,9 @@ import pytest
 import sacrebleu
 from mlflow.tracking import MlflowClient
 
-from pipeline import tracking
 from pipeline.params import TuneParams
 from pipeline.stages.tune import RULE, choose, grid
+from pipeline.tracking import links
 from transformer.atomic import file_sha256
 
 
@@ -54,7 +54,7 @@ def test_report_chosen_translations_and_run_record(workspace):
     assert "mlflow_run_id" not in run and run["model_sha256"] == file_sha256(workspace.path / "models/model.pt")
 
     client = MlflowClient(workspace.tracking_uri, workspace.tracking_uri)
-    logged = client.get_run(tracking.find_run(tracking.LINK_TUNED, run["model_sha256"], "test-experiment", client))
+    logged = client.get_run(links.find_run(links.LINK_TUNED, run["model_sha256"], "test-experiment", client))
     assert logged.data.params["tune.alphas"] == "[0.6, 1.0]"
     assert logged.data.params["tune.chosen_beam_size"] == str(chosen["beam_size"])
     assert logged.data.params["tune.chosen_alpha"] == str(chosen["alpha"])

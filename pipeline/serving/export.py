@@ -1,6 +1,6 @@
 """Export a trained model to CTranslate2 (an inference engine for Transformer models).
 
-    python -m pipeline.export ctranslate2 [--model models/model.pt]
+    python -m pipeline.serving.export ctranslate2 [--model models/model.pt]
         [--tokenizer data/tokenizer/spm.model] [--output models/ctranslate2] [--quantization none|int8|...]
 
 The model is described with CTranslate2's own specification API
@@ -20,7 +20,7 @@ How this package's Transformer (Vaswani et al., 2017, §3) maps onto the spec:
   fused key/value linear;
 * the pre-softmax projection is the (tied, §3.4) target embedding, without a bias;
 * the vocabulary is the SentencePiece pieces in id order; sources get ``</s>`` appended
-  (``add_source_eos``) and decoding starts from ``<s>``, as in ``pipeline.translator``.
+  (``add_source_eos``) and decoding starts from ``<s>``, as in ``pipeline.serving.translator``.
 """
 
 from __future__ import annotations

@@ -65,11 +65,11 @@ def sentences_of(model_input: Any) -> list[str]:
 
 
 class TranslatorModel(mlflow.pyfunc.PythonModel):
-    """pyfunc wrapper of ``pipeline.translator.Translator`` (beam search, §6.1)."""
+    """pyfunc wrapper of ``pipeline.serving.translator.Translator`` (beam search, §6.1)."""
 
     def load_context(self, context: Any) -> None:
-        from pipeline.decoding import DecodingConfig
-        from pipeline.translator import load_translator
+        from pipeline.serving.decoding import DecodingConfig
+        from pipeline.serving.translator import load_translator
 
         config = getattr(context, "model_config", None) or {}
         # Models logged before model_config carried the settings decode with the paper's (§6.1).
@@ -129,8 +129,8 @@ def _run_decoding(run_id: str, beam_size: int, alpha: float) -> dict[str, Any]:
     """The decoding settings to register: beam size and alpha as chosen, the rest from the run's
     ``evaluate.*`` params (the paper's defaults where the run has none), and where each came from
     (the evaluate stage's ``decoding.*_from`` tags)."""
-    from pipeline.decoding import DecodingConfig
-    from pipeline.tracking import client
+    from pipeline.serving.decoding import DecodingConfig
+    from pipeline.tracking.store import client
 
     run = client().get_run(run_id)
     p, t = run.data.params, run.data.tags
@@ -160,7 +160,8 @@ def log_translator(run_id: str, model_file: Path, tokenizer_file: Path, register
 
     import pipeline
     import transformer
-    from pipeline import paths, tracking
+    from pipeline import paths
+    from pipeline.tracking import model_card, store
     from transformer.checkpoint import load_checkpoint
 
     decoding = _run_decoding(run_id, beam_size, alpha)
@@ -187,7 +188,7 @@ def log_translator(run_id: str, model_file: Path, tokenizer_file: Path, register
             return {}
 
     model_config = load_checkpoint(model_file).get("model_config", {})
-    tracking.best_effort("model card", tracking.describe_version, registered_name, version, run_id,
+    store.best_effort("model card", model_card.describe_version, registered_name, version, run_id,
                          metrics=read_json(metrics_file or paths.METRICS), decoding=decoding,
                          model_config=model_config,
                          corpus_stats=read_json(corpus_stats_file or paths.CORPUS_DIR / "stats.json"))

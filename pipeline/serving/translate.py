@@ -1,7 +1,7 @@
 """Translate text with the trained (averaged) model: one sentence a line, from stdin or files.
 
-    echo "A man is riding a bike." | python -m pipeline.translate
-    python -m pipeline.translate --input news.en --output news.de --beam-size 5 --alpha 1.0
+    echo "A man is riding a bike." | python -m pipeline.serving.translate
+    python -m pipeline.serving.translate --input news.en --output news.de --beam-size 5 --alpha 1.0
 
 Decoding settings default to what the test scores used: params.yaml's ``evaluate`` section, with
 the tune stage's choice on the validation set (``reports/tune.json``) for a beam size or alpha
@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import paths
-from pipeline.decoding import DecodingConfig
 from pipeline.params import PARAMS_FILE, TUNE_REPORT, ParamsError, decoding_settings, load_params
-from pipeline.translator import load_translator
+from pipeline.serving.decoding import DecodingConfig
+from pipeline.serving.translator import load_translator
 from transformer.checkpoint import CheckpointError
 
 PAPER = "§6.1"

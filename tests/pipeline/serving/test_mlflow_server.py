@@ -1,4 +1,4 @@
-"""pipeline/serving.py and the pyfunc model behind it: ``python -m pipeline.serving`` (what
+"""pipeline/serving/mlflow_server.py and the pyfunc model behind it: ``python -m pipeline.serving.mlflow_server`` (what
 ``make serve-model`` runs) starts the real ``mlflow models serve`` on a free 127.0.0.1 port with
 a tiny model trained here and registered in a temporary SQLite store; real HTTP requests get
 translations, bad inputs a 400 with a message, and a bounded load test runs with zero errors."""
@@ -22,17 +22,21 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from pipeline import serving, tracking
-from pipeline.decoding import DecodingConfig
-from pipeline.mlflow_model import MAX_CHARS, log_translator
-from pipeline.translator import Translator, load_translator
+from pipeline.serving import mlflow_server
+from pipeline.serving.decoding import DecodingConfig
+from pipeline.serving.mlflow_model import MAX_CHARS, log_translator
+from pipeline.serving.translator import Translator, load_translator
+from pipeline.tracking.callback import MlflowCallback
+from pipeline.tracking.runs import log_params
+from pipeline.tracking.store import CHAMPION_ALIAS
+from pipeline.tracking.tags import run_tags
 from transformer.checkpoint import model_checkpoint, save_checkpoint
 from transformer.config import build_config
 from transformer.model import Transformer
 from transformer.tokenizer import encode_to_store, train_tokenizer
 from transformer.trainer import TrainConfig, Trainer
 
-from .conftest import MIRROR, REPO
+from ..conftest import MIRROR, REPO
 
 NAME = "serve-test"
 SOURCES = ["A man is riding a bike.", "Two dogs play in the snow.", "A little girl climbs into a playhouse."]
@@ -75,15 +79,15 @@ def _train_and_register(root: Path, uri: str) -> tuple[str, Path, Path]:
     model = Transformer(build_config("tiny", tokenizer.vocab_size))
     params = {"model.preset": "tiny", "data.dataset": "multi30k", "data.max_words": 250, "data.valid_set": "val",
               "train.max_steps": 60, "train.precision": "fp32"}
-    callback = tracking.MlflowCallback("serving-test", params, {"parameters": model.num_parameters(),
+    callback = MlflowCallback("serving-test", params, {"parameters": model.num_parameters(),
                                        "vocab_size": tokenizer.vocab_size, "train_pairs": len(store)},
-                                       tracking.run_tags("multi30k", "en-de", "cpu"))
+                                       run_tags("multi30k", "en-de", "cpu"))
     Trainer(model, TrainConfig(max_steps=60, max_tokens=1024, warmup_steps=10, lr_scale=2.0, log_every=20,
                                checkpoint_every_steps=0, device="cpu"), store, callbacks=[callback]).train()
     save_checkpoint(root / "model.pt", model_checkpoint(model))
     client = MlflowClient(uri, uri)
     # The evaluate stage's params, as stage_run logs them into the training run.
-    tracking.log_params(client, callback.run_id, {"evaluate.max_len_b": 12, "evaluate.precision": "fp32",
+    log_params(client, callback.run_id, {"evaluate.max_len_b": 12, "evaluate.precision": "fp32",
                                                   "evaluate.batch_sentences": 64})
     metrics = root / "metrics.json"
     metrics.write_text(json.dumps({"test_2016_flickr": {"bleu": 1.5, "chrf": 12.25, "sentences": 1000,
@@ -114,13 +118,14 @@ def served(tmp_path_factory: pytest.TempPathFactory):
         finally:
             torch.set_num_threads(threads)
         client = MlflowClient(uri, uri)
-        client.set_registered_model_alias(NAME, tracking.CHAMPION_ALIAS, "1")   # the champion is not the latest
+        client.set_registered_model_alias(NAME, CHAMPION_ALIAS, "1")   # the champion is not the latest
     port = _free_port()
     log = root / "server.log"
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     with log.open("wb") as out:
-        server = subprocess.Popen([sys.executable, "-m", "pipeline.serving", "--name", NAME, "--port", str(port)],
-                                  cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        server = subprocess.Popen([sys.executable, "-m", "pipeline.serving.mlflow_server", "--name", NAME,
+                                   "--port", str(port)], cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -153,15 +158,15 @@ def post(served: Served, payload) -> tuple[int, dict]:
 def test_serves_the_champion_not_the_latest_version(served):
     head = served.log.read_text().splitlines()[0]
     assert head.startswith(f"serving {NAME} version 1 (alias champion; run {served.run_id})"), head
-    version, why = serving.served_version(served.client, NAME)
+    version, why = mlflow_server.served_version(served.client, NAME)
     assert (str(version.version), why) == ("1", "alias champion")
-    served.client.delete_registered_model_alias(NAME, tracking.CHAMPION_ALIAS)
+    served.client.delete_registered_model_alias(NAME, CHAMPION_ALIAS)
     try:
-        version, why = serving.served_version(served.client, NAME)
+        version, why = mlflow_server.served_version(served.client, NAME)
         assert str(version.version) == "2" and why.startswith("latest version")
     finally:
-        served.client.set_registered_model_alias(NAME, tracking.CHAMPION_ALIAS, "1")
-    assert "--env-manager local" in " ".join(serving.serve_command("models:/x/1"))
+        served.client.set_registered_model_alias(NAME, CHAMPION_ALIAS, "1")
+    assert "--env-manager local" in " ".join(mlflow_server.serve_command("models:/x/1"))
 
 
 def test_records_and_inputs_forms_translate_like_the_translator(served):

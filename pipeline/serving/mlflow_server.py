@@ -1,4 +1,4 @@
-"""Serve the registered translator over HTTP: ``make serve-model`` (= ``python -m pipeline.serving``).
+"""Serve the registered translator over HTTP: ``make serve-model`` (= ``python -m pipeline.serving.mlflow_server``).
 
 The version served is the registry's ``champion`` (the promotion gate's choice) of
 ``tracking.registered_model``, or, before there is one, its latest version. MLflow's own
@@ -11,7 +11,7 @@ no virtualenv or conda is built, nothing is downloaded) on 127.0.0.1 by default:
     # {"predictions": ["Zwei Hunde spielen im Schnee."]}
     # also {"inputs": {"text": [...]}} and, per request, {"params": {"beam_size": 1}}
 
-A bad input (empty text, a number, an over-long sentence; see ``pipeline.mlflow_model``) gets
+A bad input (empty text, a number, an over-long sentence; see ``pipeline.serving.mlflow_model``) gets
 a 400 with a message saying what is wrong; malformed JSON gets the server's own 400. The
 version is resolved once, at start: moving the alias later does not change a running server.
 """
@@ -27,8 +27,8 @@ from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from pipeline import tracking
 from pipeline.params import PARAMS_FILE, ParamsError, load_params
+from pipeline.tracking import store
 
 HOST = "127.0.0.1"
 DEFAULT_PORT = 5001            # 5000 is `make ui`'s
@@ -42,7 +42,7 @@ class ServingError(RuntimeError):
 def served_version(client: MlflowClient, name: str) -> tuple[ModelVersion, str]:
     """The version to serve and why: the ``champion`` alias, else the newest READY version."""
     try:
-        return client.get_model_version_by_alias(name, tracking.CHAMPION_ALIAS), f"alias {tracking.CHAMPION_ALIAS}"
+        return client.get_model_version_by_alias(name, store.CHAMPION_ALIAS), f"alias {store.CHAMPION_ALIAS}"
     except MlflowException:
         pass
     try:
@@ -50,10 +50,10 @@ def served_version(client: MlflowClient, name: str) -> tuple[ModelVersion, str]:
     except MlflowException:
         versions = []
     if not versions:
-        raise ServingError(f"registered model {name!r} has no version in {tracking.tracking_uri()}: "
+        raise ServingError(f"registered model {name!r} has no version in {store.tracking_uri()}: "
                            "train and evaluate one first (make run)")
     latest = max(versions, key=lambda v: int(v.version))
-    return latest, f"latest version: no {tracking.CHAMPION_ALIAS} alias yet"
+    return latest, f"latest version: no {store.CHAMPION_ALIAS} alias yet"
 
 
 def serve_command(model_uri: str, host: str = HOST, port: int = DEFAULT_PORT, workers: int = 1,
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         name = args.name or (load_params(PARAMS_FILE).tracking.registered_model if Path(PARAMS_FILE).is_file()
                              else "transformer")
-        client = tracking.client()
+        client = store.client()
         if args.version:
             version, why = client.get_model_version(name, args.version), "asked for"
         else:
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     uri = f"models:/{name}/{version.version}"
     command = serve_command(uri, args.host, args.port, args.workers, args.timeout)
-    print(f"serving {name} version {version.version} ({why}; run {version.run_id}) from {tracking.tracking_uri()}\n"
+    print(f"serving {name} version {version.version} ({why}; run {version.run_id}) from {store.tracking_uri()}\n"
           f"  POST http://{args.host}:{args.port}/invocations  "
           """{"dataframe_records": [{"text": "Two dogs play in the snow."}]}""", flush=True)
     if args.dry_run:
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     # The server reads the registry through MLFLOW_TRACKING_URI and starts `uvicorn` through PATH: this
     # environment's, also when it is not activated. exec: Ctrl-C and signals reach the server directly.
-    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking.tracking_uri(),
+    env = {**os.environ, "MLFLOW_TRACKING_URI": store.tracking_uri(),
            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
     os.execve(sys.executable, command, env)
 

@@ -1,4 +1,4 @@
-"""The CTranslate2 export (pipeline/export.py) computes what our model computes.
+"""The CTranslate2 export (pipeline/serving/export.py) computes what our model computes.
 
 Random weights check the numbers: CTranslate2's teacher-forced log-probabilities equal
 ours for every configuration (post-LN/pre-LN, ReLU/GELU, learned positions, untied
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.export import TOKENIZER_NAME, export_ctranslate2, main, sentencepiece_vocabulary
+from pipeline.serving.export import TOKENIZER_NAME, export_ctranslate2, main, sentencepiece_vocabulary
 from transformer.checkpoint import CheckpointError, model_checkpoint, save_checkpoint
 from transformer.config import build_config
 from transformer.data import write_token_store
@@ -50,7 +50,7 @@ def tokenizer_file(tmp_path_factory) -> Path:
 
 
 def pad(rows: Sequence[Sequence[int]], end: Sequence[int] = (EOS_ID,)) -> torch.Tensor:
-    """Ids + EOS, right-padded: the source layout of pipeline.translator.Translator.source_tensor."""
+    """Ids + EOS, right-padded: the source layout of pipeline.serving.translator.Translator.source_tensor."""
     rows = [[*r, *end] for r in rows]
     out = torch.full((len(rows), max(len(r) for r in rows)), PAD_ID, dtype=torch.long)
     for i, r in enumerate(rows):

@@ -1,0 +1,135 @@
+"""The trainer's hooks (``MlflowCallback``): one run per training, created or, after a kill,
+continued (found through ``links``); params, tags and metric histories sent through the
+background logger (``buffer``), the training time logged at each checkpoint and at the end."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import Metric, RunTag
+from mlflow.tracking import MlflowClient
+
+from pipeline.tracking.buffer import BackgroundLogger, save_unsent
+from pipeline.tracking.links import LINK_CHECKPOINT, LINK_TRAINING, find_run, fingerprint_sha256
+from pipeline.tracking.runs import finish_run, log_params
+from pipeline.tracking.store import best_effort, client, experiment_id, tracking_uri
+from pipeline.tracking.tags import params_hash, run_name, training_lengths
+from transformer.atomic import file_sha256
+from transformer.trainer import Trainer, TrainerCallback
+
+TRAIN_SECONDS = "time/train_seconds"   # training wall time so far, logged at each checkpoint and at the end
+
+
+class MlflowCallback(TrainerCallback):
+    """Trainer hooks: create or resume the run, log params, tags and metric histories."""
+
+    def __init__(self, experiment: str, params: Mapping[str, Any], derived: Mapping[str, Any],
+                 tags: Mapping[str, str], run_name: str | None = None) -> None:
+        self.experiment, self.params, self.derived, self.tags = experiment, params, derived, tags
+        self.run_name = run_name
+        self.run_id: str | None = None
+        self.logger: BackgroundLogger | None = None
+        self.client: MlflowClient | None = None
+        self.trainer: Trainer | None = None
+        self.seconds_before = 0.0   # training time of the processes before a resume (from the run)
+        self.history: list[tuple[int, dict[str, float]]] = []
+
+    def restore(self, checkpoints: Iterable[Path], history: Iterable[tuple[int, Mapping[str, float]]] = (),
+                fingerprint: Mapping[str, Any] | None = None) -> None:
+        """Continue the run that wrote ``checkpoints`` (newest first; the first one tagged wins), else
+        the newest unfinished run of the same ``fingerprint`` (a process killed within seconds of a
+        checkpoint had not sent its tag yet). ``history``: every (step, metrics) the run logged up to
+        the checkpoint (the curves kept in it); those the run lacks are sent again when training
+        starts, since a killed process loses what its background logger had not sent yet."""
+        self.run_id = find_run(LINK_CHECKPOINT, (file_sha256(p) for p in checkpoints), self.experiment)
+        if self.run_id is None and fingerprint is not None:
+            self.run_id = find_run(LINK_TRAINING, fingerprint_sha256(fingerprint), self.experiment,
+                                   where="attributes.status != 'FINISHED'")
+        self.history = [(step, dict(metrics)) for step, metrics in history]
+
+    def _send_missing_history(self) -> None:
+        if not (self.history and self.run_id and self.client and self.logger):
+            return
+        by_key: dict[str, list[tuple[int, float]]] = {}
+        for step, metrics in self.history:
+            for key, value in metrics.items():
+                by_key.setdefault(key, []).append((step, value))
+        now, missing = int(time.time() * 1000), []
+        for key, points in by_key.items():
+            logged = {m.step for m in self.client.get_metric_history(self.run_id, key)}
+            missing += [Metric(key, float(value), now, step) for step, value in points if step not in logged]
+        for metric in missing:
+            self.logger.queue.put(metric)
+        if missing:
+            print(f"MLflow: sending again {len(missing)} metric values the interrupted run had not sent", flush=True)
+
+    def on_checkpoint(self, step: int, path: Path) -> None:
+        if self.logger:   # through the background thread: a slow or lost server never holds training
+            self.logger.tag(LINK_CHECKPOINT, file_sha256(path))
+            if self.trainer is not None:
+                self.logger.log({TRAIN_SECONDS: self._train_seconds(self.trainer)}, step)
+
+    def _open_run(self) -> None:
+        c = client()
+        self.client = c
+        if self.run_id is not None:
+            try:
+                c.get_run(self.run_id)
+                c.update_run(self.run_id, "RUNNING")
+                print(f"MLflow: resuming run {self.run_id}", flush=True)
+            except Exception:
+                print(f"MLflow: run {self.run_id} is not in {tracking_uri()}; starting a new one", flush=True)
+                self.run_id = None
+        if self.run_id is None:
+            name = self.run_name or run_name(self.params, self.tags)
+            run = c.create_run(experiment_id(self.experiment, c), run_name=name, tags=dict(self.tags))
+            self.run_id = run.info.run_id
+            print(f"MLflow: run {self.run_id} in experiment {self.experiment!r} at {tracking_uri()}", flush=True)
+        log_params(c, self.run_id, {**self.params, **{f"derived.{k}": v for k, v in self.derived.items()}})
+        c.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in self.tags.items()])
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        self.tags = {**self.tags, "params.hash": params_hash(self.params),
+                     "device.processes": str(getattr(trainer, "world_size", 1)),
+                     "train.precision_used": str(getattr(trainer, "precision", "unknown")),   # auto, resolved
+                     **training_lengths(trainer)}
+        if hasattr(trainer, "fingerprint"):
+            self.tags[LINK_TRAINING] = fingerprint_sha256(trainer.fingerprint())
+        best_effort("run start", self._open_run)
+        self.trainer = trainer
+        if self.run_id is not None and self.client is not None:
+            self.logger = BackgroundLogger(self.client, self.run_id)
+            best_effort("history check", self._send_missing_history)
+            if trainer.step and not trainer.config.max_minutes:   # a time budget restores its own clock
+                self.seconds_before = best_effort("time check", self._seconds_before, trainer.step) or 0.0
+
+    def _seconds_before(self, step: int) -> float:
+        """The training time the run had logged at ``step`` (the checkpoint resumed from): checkpoints
+        hold no time (they are DVC outputs), so the run keeps it for the model card."""
+        assert self.client is not None and self.run_id is not None
+        logged = [m for m in self.client.get_metric_history(self.run_id, TRAIN_SECONDS) if m.step <= step]
+        return max(logged, key=lambda m: m.step).value if logged else 0.0
+
+    def _train_seconds(self, trainer: Trainer) -> float:
+        return self.seconds_before + trainer.elapsed_seconds
+
+    def on_log(self, step: int, metrics: dict[str, float]) -> None:
+        if self.logger:
+            self.logger.log(metrics, step)
+
+    def on_validate(self, step: int, metrics: dict[str, float]) -> None:
+        if self.logger:
+            self.logger.log(metrics, step)
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        if self.logger:
+            # The model card's "how long": wall time, updates and epochs of the whole training.
+            self.logger.log({TRAIN_SECONDS: self._train_seconds(trainer), "train/updates": trainer.step,
+                             "train/epochs": trainer.epoch}, trainer.step)
+            save_unsent(self.run_id or "", self.logger.close())
+            self.logger = None
+        if not trainer.stop_requested:
+            finish_run(self.run_id)

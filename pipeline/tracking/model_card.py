@@ -1,0 +1,178 @@
+"""The model card of a registered version (``describe_version``): its description, which the MLflow
+UI shows, says what the model is, what it was trained on, how long and on what hardware, its scores
+with their sacreBLEU signatures, the decoding settings and where they came from, and its limits;
+tags on the version carry the same figures for search (``bleu.test_2016_flickr``, ``preset``, ...)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pipeline.tracking.store import client
+
+# What each data set's text is: the card's domain limit. Unknown data sets get a generic line.
+DOMAINS = {
+    "multi30k": "image captions (Flickr30k photo descriptions): short, literal, present-tense descriptions of "
+                "everyday scenes; expect much weaker output on news, dialogue, technical or legal text",
+    "wmt14": "news, parliament proceedings and web text (WMT 2014: Europarl, Common Crawl, News Commentary); "
+             "weaker on conversational, medical or technical text",
+}
+DESCRIPTION_LIMIT = 5000   # MLflow's SQL store column for a model version's description
+
+
+def _number(value: Any, digits: int = 0) -> str:
+    try:
+        return f"{float(value):,.{digits}f}"
+    except (TypeError, ValueError):
+        return "unknown"
+
+
+def _plain(value: Any) -> str:
+    """A number as a tag value ("1234", "56.7"); "" when there is none."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return ""
+    return str(int(number)) if number.is_integer() else f"{number:.1f}"
+
+
+def _duration(seconds: Any) -> str:
+    try:
+        s = int(round(float(seconds)))
+    except (TypeError, ValueError):
+        return "unknown"
+    h, rest = divmod(s, 3600)
+    return (f"{h} h " if h else "") + f"{rest // 60} min {rest % 60} s"
+
+
+def scores_of_test_sets(metrics: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The test sets' entries of the evaluate stage's ``metrics.json``: those with a BLEU score and
+    its signature (not the ``dev`` and ``decoding`` entries)."""
+    return {k: v for k, v in metrics.items() if isinstance(v, Mapping) and "bleu" in v and "signature" in v}
+
+
+def model_card(name: str, version: str, run: Any, *, metrics: Mapping[str, Any], decoding: Mapping[str, Any],
+               model_config: Mapping[str, Any], corpus_stats: Mapping[str, Any] | None = None,
+               updates: int | None = None) -> tuple[str, dict[str, str]]:
+    """The model card of a registered version of ``run``'s model: (markdown description, tags).
+
+    Args:
+        run: the MLflow run (params, tags and metrics of train, average and evaluate).
+        metrics: the evaluate stage's ``reports/metrics.json`` (scores, signatures, ``dev``).
+        decoding: beam_size, alpha, max_len_b, precision (and ``*_from``: where each came from).
+        model_config: the checkpoint's ``model_config``.
+        corpus_stats: ``data/corpus/stats.json`` of the download stage (cleaning counts, sources).
+        updates: training updates, when the run lacks ``train/updates`` (runs before it was logged).
+    """
+    p, t, m = run.data.params, run.data.tags, run.data.metrics
+    preset, dataset, pair = p.get("model.preset", "custom"), t.get("dataset", "unknown"), t.get("language_pair", "")
+    src, tgt = (pair.split("-") + ["?", "?"])[:2]
+    cfg = model_config
+    updates = m.get("train/updates", updates)
+    epochs = m.get("train/epochs")
+    scores = scores_of_test_sets(metrics)
+    dev = next(iter((metrics.get("dev") or {}).items()), None)
+
+    def origin(key: str) -> str:
+        where = decoding.get(f"{key}_from") or t.get(f"decoding.{key}_from")
+        return {"tune": "tuned on the validation set (reports/tune.json)",
+                "params": f"params.yaml evaluate.{key}"}.get(where, where or f"evaluate.{key}")
+
+    lines = [
+        f"# {name} version {version}", "",
+        f"A Transformer (Vaswani et al. 2017) that translates {src} to {tgt}: preset `{preset}`, "
+        f"{_number(p.get('derived.parameters'))} parameters, a shared SentencePiece vocabulary of "
+        f"{_number(p.get('derived.vocab_size', cfg.get('vocab_size')))} pieces (d_model {cfg.get('d_model')}, "
+        f"{cfg.get('n_encoder_layers')}+{cfg.get('n_decoder_layers')} layers, {cfg.get('n_heads')} heads, "
+        f"{cfg.get('max_positions')} positions).", "",
+        "## Scores", "",
+        "| test set | BLEU | chrF | sentences |", "|---|---:|---:|---:|",
+        *[f"| {s} | {v['bleu']:.2f} | {v.get('chrf', float('nan')):.2f} | {v.get('sentences', '?')} |"
+          for s, v in scores.items()],
+        "",
+        *[f"- {s}: sacreBLEU `{v['signature']}`" + (f", chrF `{v['chrf_signature']}`" if v.get("chrf_signature")
+                                                    else "") for s, v in scores.items()],
+    ]
+    if dev:
+        lines.append(f"- validation ({dev[0]}, the development set that chose decoding and promotion): "
+                     f"BLEU {dev[1].get('bleu', float('nan')):.2f}")
+    lines += [
+        "", "## Decoding", "",
+        f"Beam size {decoding.get('beam_size')} ({origin('beam_size')}), length penalty alpha "
+        f"{decoding.get('alpha')} ({origin('alpha')}), output up to source length + {decoding.get('max_len_b')} "
+        f"pieces, {decoding.get('precision', 'fp32')}. The served model uses these unless a request's "
+        "`params` set `beam_size` / `alpha`.",
+        "", "## Training data", "",
+    ]
+    train_split = (corpus_stats or {}).get("splits", {}).get("train", {})
+    cleaning = ""
+    if train_split:
+        dropped = ", ".join(f"{k} {v:,}" for k, v in train_split.get("dropped", {}).items() if v) or "none"
+        cleaning = f" of {train_split.get('raw', 0):,} raw (dropped: {dropped})"
+    lines.append(f"Data set `{dataset}`, {pair}: {_number(p.get('derived.train_pairs'))} training pairs after "
+                 f"cleaning{cleaning}; validation set `{p.get('data.valid_set', '?')}`, test sets "
+                 f"{', '.join(f'`{s}`' for s in scores) or 'none'}.")
+    hashes = {k.removeprefix("data.md5."): v for k, v in t.items() if k.startswith("data.md5.")}
+    if hashes:
+        lines.append("Data hashes (dvc.lock md5): " + ", ".join(f"`{k}` {v}" for k, v in sorted(hashes.items())) + ".")
+    for source in (corpus_stats or {}).get("sources", [])[:4]:
+        lines.append(f"- source {source.get('url')} (sha256 {str(source.get('sha256'))[:16]}...)")
+    commit = t.get("git.commit", "unknown")
+    used = m.get("average/checkpoints_used")
+    averaged = (f"the average of the last {int(used)} checkpoint(s) (average.last_n {p.get('average.last_n', '?')})"
+                if used is not None else f"checkpoint average of the last {p.get('average.last_n', '?')}")
+    lines += [
+        "", "## Training", "",
+        f"{_number(updates)} updates, {_number(epochs)} complete epochs, {_duration(m.get('time/train_seconds'))} "
+        f"of training wall time on {t.get('device', 'unknown')} ({t.get('device.name', 'unknown device')}, "
+        f"{t.get('device.processes', '1')} process(es)), torch {t.get('torch.version', 'unknown')}, training "
+        f"precision {t.get('train.precision_used', p.get('train.precision', 'unknown'))}; {averaged}. "
+        f"MLflow run `{run.info.run_id}` ({run.info.run_name}), git commit "
+        f"`{commit[:12]}`{' with local changes' if t.get('git.dirty') == 'true' else ''}.",
+        "", "## Limits", "",
+        f"- Domain: {DOMAINS.get(dataset, f'the text of {dataset}; other domains will be translated worse')}.",
+        "- Casing: trained on cased, untokenized text (never lowercased) and scored cased (sacreBLEU "
+        "`case:mixed`); write input with normal casing and punctuation.",
+        f"- Length: training sources were at most {p.get('data.max_words', '?')} words "
+        + (f"and {t['data.train_src_tokens.max']} pieces (99% within {t['data.train_src_tokens.p99']}); "
+           if "data.train_src_tokens.max" in t else "; ")
+        + f"the model has {_number(cfg.get('max_positions', 1) - 1)} source positions and longer input is "
+          "refused by the served model; quality drops well before that on sentences longer than those seen.",
+        f"- One sentence per input: {src} in, {tgt} out; other languages are not recognised.",
+    ]
+    description = "\n".join(lines) + "\n"
+    if len(description) > DESCRIPTION_LIMIT:
+        description = description[:DESCRIPTION_LIMIT - 20] + "\n\n(truncated)\n"
+
+    tags = {
+        "preset": str(preset), "dataset": dataset, "language_pair": pair,
+        "params": str(p.get("derived.parameters", "unknown")), "vocab_size": str(p.get("derived.vocab_size", "")),
+        "train_pairs": str(p.get("derived.train_pairs", "")), "train.updates": _plain(updates),
+        "train.epochs": _plain(epochs), "train.seconds": _plain(m.get("time/train_seconds")),
+        "device": t.get("device", "unknown"), "device.name": t.get("device.name", "unknown"),
+        "torch.version": t.get("torch.version", "unknown"), "git.commit": commit,
+        "params.hash": t.get("params.hash", ""), "run_name": run.info.run_name or "",
+        **{f"decoding.{k}": str(v) for k, v in decoding.items()},
+        **{f"data.md5.{k}": v for k, v in hashes.items()},
+    }
+    for s, v in scores.items():
+        tags.update({f"bleu.{s}": f"{v['bleu']:.2f}", f"sacrebleu.{s}": v["signature"]})
+        if "chrf" in v:
+            tags[f"chrf.{s}"] = f"{v['chrf']:.2f}"
+    if dev:
+        tags[f"bleu.dev.{dev[0]}"] = f"{dev[1].get('bleu', float('nan')):.2f}"
+    return description, {k: v for k, v in tags.items() if v}
+
+
+def describe_version(name: str, version: str, run_id: str, **card: Any) -> None:
+    """Write the model card (``model_card``'s description and tags) onto a registered version."""
+    c = client()
+    run = c.get_run(run_id)
+    if card.get("updates") is None and "train/updates" not in run.data.metrics:
+        # Runs before train/updates was logged: the last step of the loss curve is the update count.
+        history = c.get_metric_history(run_id, "train/loss")
+        card["updates"] = max((h.step for h in history), default=None)
+    description, tags = model_card(name, version, run, **card)
+    c.update_model_version(name, version, description=description)
+    for key, value in tags.items():
+        c.set_model_version_tag(name, version, key, value[:5000])
