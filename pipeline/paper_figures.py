@@ -61,7 +61,7 @@ REFERENCE = "Ein Mädchen in einer Rettungsweste treibt im Wasser."
 
 # The paper's base learning rate (§5.3) and this repository's default (params.yaml), for the curve.
 PAPER_SCHEDULE = {"d_model": 512, "warmup_steps": 4000, "scale": 1.0, "steps": 100_000}
-REPO_SCHEDULE = {"d_model": 256, "warmup_steps": 300, "scale": 0.6, "steps": 1750}
+REPO_SCHEDULE = {"d_model": 256, "warmup_steps": 300, "scale": 0.6, "steps": 3600}
 
 
 def _png(fig: plt.Figure) -> bytes:
@@ -589,12 +589,13 @@ def generate(out_dir: str | Path, model_file: str | Path | None = None,
 
 
 def repo_schedule(params_file: Path) -> dict[str, Any]:
-    """This repository's default schedule from ``params_file`` (d_model of the model preset, warm-up, scale)."""
+    """This repository's default schedule from ``params_file`` (d_model of the model preset, warm-up, scale,
+    and its length, ``train.max_steps``, where set)."""
     from pipeline.params import load_params
     params = load_params(params_file)
     config = params.model.config(params.tokenizer.vocab_size)
     return {"d_model": config.d_model, "warmup_steps": params.train.warmup_steps, "scale": params.train.lr_scale,
-            "steps": REPO_SCHEDULE["steps"]}
+            "steps": params.train.max_steps or REPO_SCHEDULE["steps"]}
 
 
 def main(argv: list[str] | None = None) -> int:
