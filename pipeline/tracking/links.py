@@ -14,6 +14,7 @@ from typing import Any
 
 from mlflow.tracking import MlflowClient
 
+from pipeline.tracking.buffer import replay_unsent
 from pipeline.tracking.store import best_effort, client
 
 # Tags linking a run to the files it made (values: the file's sha256); see find_run.
@@ -34,10 +35,12 @@ def find_run(tag: str, sha256s: str | Iterable[str], experiment: str, c: MlflowC
     """The newest run of ``experiment`` tagged ``tag`` = one of ``sha256s`` (tried in order): the
     run that made a file, found by the file's content. None when no run is tagged so (the file was
     made without tracking, or in another store) or the store cannot be reached (a warning).
-    ``c``: the store to search (default: ``client()``'s); ``where``: a further MLflow filter clause."""
+    ``c``: the store to search (default: ``client()``'s); ``where``: a further MLflow filter clause.
+    What an earlier stage could not send (its link tags included) is replayed first."""
     values = [sha256s] if isinstance(sha256s, str) else list(sha256s)
     try:
         c = c or client()
+        replay_unsent(c)
         found = c.get_experiment_by_name(experiment)
         if found is None:
             return None

@@ -14,6 +14,7 @@ from typing import Any
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
+from pipeline.tracking.buffer import save_unsent
 from pipeline.tracking.store import best_effort, client, tracking_uri
 from pipeline.tracking.tags import param_value, params_hash
 
@@ -80,8 +81,14 @@ def log_artifacts(run_id: str | None, files: Iterable[Path], artifact_path: str 
 
 
 def finish_run(run_id: str | None, status: str = "FINISHED") -> None:
-    if run_id:
-        best_effort("run end", client().set_terminated, run_id, status)
+    """End the run; with the server away, the end is kept and replayed (``buffer.replay_unsent``)."""
+    if run_id and best_effort("run end", _set_terminated, run_id, status) is None:
+        save_unsent(run_id, [], status=status)
+
+
+def _set_terminated(run_id: str, status: str) -> bool:
+    client().set_terminated(run_id, status)
+    return True
 
 
 def log_tune(run_id: str | None, report: Mapping[str, Any], report_file: Path, seconds: float,

@@ -104,32 +104,39 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_training_survives_a_tracking_server_that_goes_away(tmp_path, monkeypatch):
-    """A real MLflow server on 127.0.0.1 is killed mid-run: training finishes, the metrics
-    sent before are in the store, the rest are kept in reports/mlflow_unsent.json."""
-    port = _free_port()
-    db = tmp_path / "server.db"
+def _start_server(tmp_path: Path, port: int, db: Path) -> subprocess.Popen:
     server = subprocess.Popen(
         [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
          "--backend-store-uri", f"sqlite:///{db}", "--default-artifact-root", str(tmp_path / "artifacts")],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-
-    def kill_server() -> None:  # the server's workers are its children: end the whole group
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
         try:
-            os.killpg(server.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        server.wait()
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return server
+        except OSError:
+            time.sleep(0.5)
+    return server
 
+
+def _kill_server(server: subprocess.Popen) -> None:
+    """The server's workers are its children: end the whole group."""
+    try:
+        os.killpg(server.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    server.wait()
+
+
+def test_training_survives_a_tracking_server_that_goes_away_and_replays_into_the_same_run(tmp_path, monkeypatch):
+    """A real MLflow server on 127.0.0.1 is killed at update 30 of 60: training finishes, the metrics
+    sent before are in the store, the rest (and the run's end) are kept in reports/mlflow_unsent.json;
+    once the server is back, the replay sends them into the same run and empties the file."""
+    port = _free_port()
+    db = tmp_path / "server.db"
+    server = _start_server(tmp_path, port, db)
     try:
         uri = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                time.sleep(0.5)
         monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
         monkeypatch.chdir(tmp_path)
         store = write_token_store(tmp_path / "train", [([4 + i % 20, 5, 6], [7, 8 + i % 10]) for i in range(64)], 32)
@@ -140,7 +147,7 @@ def test_training_survives_a_tracking_server_that_goes_away(tmp_path, monkeypatc
                 if step == 30:
                     cb.logger.close()  # flush what came so far, then pull the server away
                     cb.logger = buffer.BackgroundLogger(cb.client, cb.run_id, flush_seconds=0.2)
-                    kill_server()
+                    _kill_server(server)
 
         trainer = Trainer(Transformer(build_config("tiny", 32)),
                           TrainConfig(max_steps=60, max_tokens=64, warmup_steps=5, log_every=10,
@@ -150,12 +157,24 @@ def test_training_survives_a_tracking_server_that_goes_away(tmp_path, monkeypatc
         assert trainer.step == 60
         unsent = buffer.UNSENT_FILE
         assert unsent.is_file()
-        kept = json.loads(unsent.read_text())
-        assert kept["run_id"] == cb.run_id
+        kept = json.loads(unsent.read_text())["runs"][cb.run_id]
         assert {m["step"] for m in kept["metrics"] if m["key"] == "train/loss"} == {40, 50, 60}
+        assert kept["status"] == "FINISHED"
     finally:
-        kill_server()
+        _kill_server(server)
     # The metrics sent before the server went away are in its store.
     client = MlflowClient(f"sqlite:///{db}")
     history = client.get_metric_history(cb.run_id, "train/loss")
     assert sorted(m.step for m in history) == [10, 20, 30]
+    assert client.get_run(cb.run_id).info.status == "RUNNING"
+    # Server away: the replay keeps everything for the next try.
+    assert buffer.replay_unsent() == 1 and unsent.is_file()
+    server = _start_server(tmp_path, port, db)
+    try:
+        assert buffer.replay_unsent() == 0
+        assert not unsent.is_file()
+    finally:
+        _kill_server(server)
+    history = client.get_metric_history(cb.run_id, "train/loss")
+    assert sorted(m.step for m in history) == [10, 20, 30, 40, 50, 60]
+    assert client.get_run(cb.run_id).info.status == "FINISHED"

@@ -1,0 +1,133 @@
+"""``python -m pipeline.stack start|stop|status|remote``: the team's services on this machine.
+
+start   start what is not running (PostgreSQL, the S3 store, MLflow, Prefect), in that order; every
+        port is checked first; writes <dir>/env and, in a DVC repository, its remote
+stop    stop them by their recorded PIDs, in reverse order, waiting until each has exited
+status  each service's PID, address and answer to a real request; exit 1 if any is down
+remote  point this clone's DVC at the remote the sourced env file names (.dvc/config.local)
+push    dvc push --run-cache to it; pull: dvc pull from it (one clear error naming the remote)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from pipeline.stack import client_env, remote
+from pipeline.stack.mlflow_service import MlflowServer
+from pipeline.stack.objectstore import ObjectStore, weed_binary
+from pipeline.stack.postgres import Postgres, bin_dir
+from pipeline.stack.prefect_service import PrefectServer
+from pipeline.stack.processes import StackError, port_taken
+from pipeline.stack.secrets import load_or_create, write_pgpass
+from pipeline.stack.service import Service
+from pipeline.stack.settings import SettingsError, StackSettings, load
+
+SERVICE_TYPES: tuple[type[Service], ...] = (Postgres, ObjectStore, MlflowServer, PrefectServer)
+
+
+def services(settings: StackSettings) -> list[Service]:
+    secrets = load_or_create(settings.path("secrets"))
+    return [kind(settings, secrets) for kind in SERVICE_TYPES]
+
+
+def check_ports(todo: list[Service]) -> None:
+    """Every port of every service about to start must be free: one error naming each that is not."""
+    taken = [f"{port} ({name})" for service in todo for name in service.port_names
+             if port_taken(service.settings.host, port := service.settings.port(name))]
+    if taken:
+        raise StackError(f"port{'s' if len(taken) > 1 else ''} {', '.join(taken)} on {todo[0].settings.host} "
+                         f"already in use by another program; nothing was started. Choose other ports with "
+                         f"STACK_PORT_BASE (now {todo[0].settings.port_base}) on a stack's first start")
+
+
+def start(settings: StackSettings) -> None:
+    settings.path().mkdir(parents=True, exist_ok=True)
+    all_services = services(settings)
+    running = {s.name: s.pid() for s in all_services}
+    saved = load(settings.directory)
+    if any(running.values()) and (saved.host, saved.port_base) != (settings.host, settings.port_base):
+        raise StackError("the stack runs with other settings; stop it first (make stack-stop)")
+    todo = [s for s in all_services if running[s.name] is None]
+    if not todo:
+        print(f"the stack is already running in {settings.path()} (pids "
+              f"{', '.join(f'{n} {p}' for n, p in running.items())}); nothing to do")
+        return
+    bin_dir()          # what it needs is installed, before anything starts
+    weed_binary()
+    check_ports(todo)
+    settings.save()
+    write_pgpass(settings.path("secrets"), settings.host, settings.port("postgres"), all_services[0].secrets)
+    started: list[Service] = []
+    for service in all_services:
+        if running[service.name] is not None:
+            print(f"{service.name:9s} already running (pid {running[service.name]}) on {service.address()}")
+            continue
+        try:
+            pid = service.start()
+        except BaseException:
+            for done in reversed(started):   # all or nothing: what this call started stops again
+                done.stop()
+            raise
+        started.append(service)
+        print(f"{service.name:9s} started (pid {pid}) on {service.address()}", flush=True)
+    env_file = client_env.write_env_file(settings, all_services[0].secrets)
+    print(f"clients: source {env_file}   (credentials inside, mode 0600)")
+
+
+def stop(settings: StackSettings) -> None:
+    for service in reversed(services(settings)):
+        pid = service.pid()
+        stopped = service.stop()
+        print(f"{service.name:9s} {f'stopped (pid {pid})' if stopped else 'not running'}", flush=True)
+
+
+def status(settings: StackSettings) -> int:
+    healthy = True
+    for service in services(settings):
+        pid = service.pid()
+        health = service.health() if pid is not None else None
+        healthy &= bool(health and health.ok)
+        state = "down" if pid is None else ("ok" if health and health.ok else "FAILING")
+        detail = health.detail if health else "not running"
+        print(f"{service.name:9s} {state:8s} pid {pid or '-':>7}  {service.address():22s} {detail}")
+    return 0 if healthy else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.stack", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["start", "stop", "status", "remote", "push", "pull"])
+    parser.add_argument("--dir", type=Path, help="the stack's folder (STACK_DIR; default .stack)")
+    parser.add_argument("--host", help="the address every service binds (STACK_HOST; default 127.0.0.1)")
+    parser.add_argument("--port-base", type=int, help="first of the stack's ports (STACK_PORT_BASE; default 54300)")
+    parser.add_argument("--allowed-hosts", help="comma-separated host names clients may use for MLflow")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "remote":
+            print(remote.configure_remote(Path.cwd()))
+            return 0
+        if args.command in ("push", "pull"):
+            remote.transfer(Path.cwd(), args.command)
+            return 0
+        hosts = None if args.allowed_hosts is None else tuple(h for h in args.allowed_hosts.split(",") if h)
+        settings = load(args.dir, args.host, args.port_base, hosts)
+        if args.command == "start":
+            start(settings)
+            if (Path.cwd() / ".dvc").is_dir():
+                os.environ.update(client_env.client_variables(settings, services(settings)[0].secrets))
+                print(remote.configure_remote(Path.cwd()))
+        elif args.command == "stop":
+            stop(settings)
+        else:
+            return status(settings)
+    except (StackError, SettingsError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

