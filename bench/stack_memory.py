@@ -1,5 +1,6 @@
-"""Resident memory of the team's services (``make stack``): each service's process tree (the
-recorded PID and its descendants, e.g. PostgreSQL's backends, MLflow's workers), sampled every
+"""Memory of the team's services (``make stack``): each service's process tree (the recorded PID
+and its descendants, e.g. PostgreSQL's backends, MLflow's workers) as proportional set size (PSS:
+memory shared between processes, such as PostgreSQL's shared buffers, counted once), sampled every
 ``--every`` seconds for ``--seconds``; prints the first sample (idle, when started before a run)
 and the peak per service. Run it beside ``make run`` to see them during a run.
 
@@ -16,21 +17,28 @@ from pathlib import Path
 from pipeline.stack.processes import read_pid
 
 
-def process_tree_rss_mib(root: int) -> float:
+def _pss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def process_tree_pss_mib(root: int) -> float:
     children: dict[int, list[int]] = defaultdict(list)
-    rss: dict[int, int] = {}
-    for status in Path("/proc").glob("[0-9]*/status"):
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
-        except OSError:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
             continue
-        pid = int(fields["Pid"])
-        children[int(fields["PPid"])].append(pid)
-        rss[pid] = int(fields.get("VmRSS", "0 kB").split()[0])
+        children[int(fields[1])].append(int(stat.parent.name))
     total, todo = 0, [root]
     while todo:
         pid = todo.pop()
-        total += rss.get(pid, 0)
+        total += _pss_kib(pid)
         todo += children.get(pid, [])
     return total / 1024
 
@@ -48,7 +56,7 @@ def main() -> None:
     while True:
         for name, pid in pids.items():
             if pid is not None:
-                mib = process_tree_rss_mib(pid)
+                mib = process_tree_pss_mib(pid)
                 first.setdefault(name, mib)
                 peak[name] = max(peak[name], mib)
         if time.monotonic() >= deadline:
