@@ -114,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         hosts = None if args.allowed_hosts is None else tuple(h for h in args.allowed_hosts.split(",") if h)
         settings = load(args.dir, args.host, args.port_base, hosts)
+        if args.command != "start" and not settings.path("secrets").is_dir():
+            print(f"no stack in {settings.path()}: start one with make stack")
+            return 0 if args.command == "stop" else 1
         if args.command == "start":
             start(settings)
             if (Path.cwd() / ".dvc").is_dir():

@@ -7,6 +7,8 @@ import json
 import os
 import socket
 import stat
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -86,8 +88,6 @@ def test_a_taken_port_stops_the_start_before_anything_runs():
         blocker.bind(("127.0.0.1", held))
         blocker.listen()
         stack = Stack(directory / "stack", base)
-        import subprocess
-        import sys
         result = subprocess.run([sys.executable, "-m", "pipeline.stack", "start", "--dir", str(stack.directory),
                                  "--port-base", str(base)], env=stack_cli_env(), capture_output=True, text=True,
                                 cwd=tempfile.gettempdir(), timeout=120)
@@ -120,3 +120,43 @@ def test_stop_waits_for_every_process_and_a_restart_keeps_the_data(stack, monkey
     assert set(recorded_pids(stack).values()).isdisjoint(pids.values())
     assert client.get_experiment(experiment).name.startswith("survives-restart-")
     assert s3.get_object(Bucket="dvc", Key="restart-check")["Body"].read() == b"kept"
+
+
+def test_a_prefect_flow_runs_on_the_stacks_server_and_a_wrong_auth_string_is_refused(stack, tmp_path):
+    code = ("from prefect import flow\n@flow(name='stack-check')\ndef add_one(x: int) -> int:\n    return x + 1\n"
+            "print('result', add_one(41))\n")
+    prefect_vars = {k: v for k, v in stack.client_env.items() if k.startswith("PREFECT_")}
+    env = {**stack_cli_env(), **prefect_vars, "PREFECT_HOME": str(tmp_path / "home")}
+    ran = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
+    assert ran.returncode == 0 and "result 42" in ran.stdout, ran.stdout + ran.stderr
+    listed = subprocess.run([str(Path(sys.executable).parent / "prefect"), "flow-run", "ls", "--state", "COMPLETED"],
+                            env={**env, "COLUMNS": "200"}, capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0 and "stack-check" in listed.stdout, listed.stdout + listed.stderr
+    wrong = subprocess.run([sys.executable, "-c", code], env={**env, "PREFECT_API_AUTH_STRING": "admin:wrong"},
+                           capture_output=True, text=True, timeout=180)
+    assert wrong.returncode != 0 and "401" in wrong.stdout + wrong.stderr
+
+
+def test_mlflow_users_and_permissions_as_docs_team_md_says(stack, monkeypatch):
+    from mlflow.server import get_app_client
+
+    admin = mlflow_client(stack, monkeypatch)
+    uri = stack.client_env["MLFLOW_TRACKING_URI"]
+    granted = admin.create_experiment(f"alice-may-edit-{os.getpid()}")
+    other = admin.create_experiment(f"alice-may-read-{os.getpid()}")
+    auth = get_app_client("basic-auth", tracking_uri=uri)
+    auth.create_user(f"alice{os.getpid()}", "a-long-password-1234")
+    auth.grant_user_permission(f"alice{os.getpid()}", "experiment", granted, "EDIT")
+
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", f"alice{os.getpid()}")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "a-long-password-1234")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    alice = MlflowClient(uri)
+    assert alice.create_run(granted).info.status == "RUNNING"
+    assert alice.get_experiment(other).name.startswith("alice-may-read-")   # default_permission READ
+    try:
+        alice.create_run(other)
+    except Exception as err:   # noqa: BLE001
+        assert "403" in str(err) or "PERMISSION_DENIED" in str(err), err
+    else:
+        raise AssertionError("a READ user could write")
