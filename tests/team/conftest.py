@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from mlflow.tracking import MlflowClient
 
 from pipeline.stack import client_env
 from pipeline.stack.processes import StackError, port_taken
@@ -24,6 +25,12 @@ from pipeline.stack.settings import PORT_OFFSETS, StackSettings
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
+
+
+def server_client(uri: str) -> MlflowClient:
+    """A client of the server for tracking and registry alike (an earlier test in the same process
+    may have set MLflow's global registry URI to another store)."""
+    return MlflowClient(uri, uri)
 
 
 def postgres_missing() -> str:

@@ -19,7 +19,7 @@ from pipeline.stack.processes import stop_pid
 from pipeline.stack.secrets import load_or_create
 
 from ..pipeline.conftest import BIN, MIRROR, make_workspace, tiny_params
-from .conftest import PYTHON, REPO, Stack
+from .conftest import PYTHON, REPO, Stack, server_client
 from .test_two_machines import Machine, sourced
 
 KILL_AT_UPDATE = 20
@@ -36,7 +36,7 @@ def machine(stack: Stack, root, params: dict) -> Machine:
 def client_for(m: Machine, monkeypatch) -> MlflowClient:
     for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
         monkeypatch.setenv(key, m.env[key])
-    return MlflowClient(m.env["MLFLOW_TRACKING_URI"])
+    return server_client(m.env["MLFLOW_TRACKING_URI"])
 
 
 def kill_service(stack: Stack, name: str) -> None:
@@ -144,7 +144,7 @@ def test_postgres_restarted_under_the_mlflow_server(stack, monkeypatch):
     secrets = load_or_create(stack.directory / "secrets")
     for key, value in stack.client_env.items():
         monkeypatch.setenv(key, value)
-    client = MlflowClient(stack.client_env["MLFLOW_TRACKING_URI"])
+    client = server_client(stack.client_env["MLFLOW_TRACKING_URI"])
     experiment = client.create_experiment(f"pg-restart-{os.getpid()}")
     postgres = Postgres(stack.settings, secrets)
     assert postgres.stop()

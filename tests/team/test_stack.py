@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 from pipeline.stack.processes import pid_alive, port_taken
 from pipeline.stack.settings import PORT_OFFSETS
 
-from .conftest import Stack, free_port_base, stack_cli_env
+from .conftest import Stack, free_port_base, server_client, stack_cli_env
 
 SERVICES = ("postgres", "s3", "mlflow", "prefect")
 
@@ -30,7 +30,7 @@ def recorded_pids(stack: Stack) -> dict[str, int]:
 def mlflow_client(stack: Stack, monkeypatch) -> MlflowClient:
     for key, value in stack.client_env.items():
         monkeypatch.setenv(key, value)
-    return MlflowClient(stack.client_env["MLFLOW_TRACKING_URI"])
+    return server_client(stack.client_env["MLFLOW_TRACKING_URI"])
 
 
 def test_status_says_every_service_answers(stack):
@@ -151,7 +151,7 @@ def test_mlflow_users_and_permissions_as_docs_team_md_says(stack, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", f"alice{os.getpid()}")
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "a-long-password-1234")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    alice = MlflowClient(uri)
+    alice = server_client(uri)
     assert alice.create_run(granted).info.status == "RUNNING"
     assert alice.get_experiment(other).name.startswith("alice-may-read-")   # default_permission READ
     try:

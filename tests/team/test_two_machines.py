@@ -13,14 +13,14 @@ import socket
 import subprocess
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from ..pipeline.conftest import BIN, MIRROR, make_workspace, tiny_params
-from .conftest import PYTHON, Stack
+from .conftest import PYTHON, Stack, server_client
 
 EXPERIMENT, MODEL = "team-test", "team-translator"
 
@@ -28,7 +28,8 @@ EXPERIMENT, MODEL = "team-test", "team-translator"
 @dataclass
 class Machine:
     path: Path
-    env: dict[str, str]
+    env: dict[str, str] = field(repr=False)   # holds credentials: never in a test report
+    log: str = field(default="", repr=False)
 
     def run(self, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
         return subprocess.run(list(args), cwd=self.path, env=self.env, capture_output=True, text=True, timeout=timeout)
@@ -61,6 +62,7 @@ def machines(stack: Stack, tmp_path_factory) -> tuple[Machine, Machine]:
     assert remote.returncode == 0, remote.stderr
     repro = first.dvc("repro")
     assert repro.returncode == 0, repro.stdout[-3000:] + repro.stderr[-3000:]
+    first.log = repro.stdout + repro.stderr
     first.run("git", "add", "-A")
     first.run("git", "commit", "-qm", "first machine's run")
     started = time.monotonic()
@@ -81,13 +83,15 @@ def test_the_first_machine_logs_and_registers_on_the_server(machines, stack, mon
     first, _ = machines
     for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
         monkeypatch.setenv(key, first.env[key])
-    client = MlflowClient(first.env["MLFLOW_TRACKING_URI"])
+    client = server_client(first.env["MLFLOW_TRACKING_URI"])
     runs = experiment_runs(client)
     assert len(runs) == 1
     run = client.get_run(runs[0])
     assert run.info.status == "FINISHED" and "valid_bleu" in run.data.metrics
     assert run.info.artifact_uri.startswith("mlflow-artifacts:")   # proxied: the client holds no S3 keys
-    (version,) = client.search_model_versions(f"name = '{MODEL}'")
+    versions = client.search_model_versions(f"name = '{MODEL}'")
+    assert len(versions) == 1, first.log[-4000:]
+    version = versions[0]
     assert version.run_id == runs[0]
     assert not (first.path / "mlflow.db").exists() and not (first.path / "mlartifacts").exists()
     # The artifacts lie in the store's bucket, put there by the server.
@@ -100,7 +104,7 @@ def test_the_second_machine_pulls_and_reruns_nothing(machines, monkeypatch):
     first, second = machines
     for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
         monkeypatch.setenv(key, first.env[key])
-    client = MlflowClient(first.env["MLFLOW_TRACKING_URI"])
+    client = server_client(first.env["MLFLOW_TRACKING_URI"])
     runs_before = experiment_runs(client)
     started = time.monotonic()
     pull = second.dvc("pull")
@@ -123,7 +127,7 @@ def test_the_second_machine_compares_the_servers_runs(machines, monkeypatch):
     first, second = machines
     for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
         monkeypatch.setenv(key, first.env[key])
-    (run_id,) = experiment_runs(MlflowClient(first.env["MLFLOW_TRACKING_URI"]))
+    (run_id,) = experiment_runs(server_client(first.env["MLFLOW_TRACKING_URI"]))
     result = second.run(PYTHON, "-m", "pipeline.compare")
     assert result.returncode == 0, result.stderr
     assert f"| {run_id[:8]} |" in result.stdout and "FINISHED" in result.stdout, result.stdout
@@ -139,7 +143,7 @@ def test_the_second_machine_serves_the_champion_from_the_server(machines, monkey
     first, second = machines
     for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
         monkeypatch.setenv(key, first.env[key])
-    client = MlflowClient(first.env["MLFLOW_TRACKING_URI"])
+    client = server_client(first.env["MLFLOW_TRACKING_URI"])
     version = client.search_model_versions(f"name = '{MODEL}'")[0].version
     client.set_registered_model_alias(MODEL, "champion", version)   # by hand, as the gate would
     port = _free_port()
