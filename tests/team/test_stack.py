@@ -16,7 +16,7 @@ import boto3
 from mlflow.tracking import MlflowClient
 
 from pipeline.stack.processes import pid_alive, port_taken
-from pipeline.stack.settings import PORT_OFFSETS
+from pipeline.stack.settings import PORT_OFFSETS, StackSettings
 
 from .conftest import Stack, free_port_base, server_client, stack_cli_env
 
@@ -160,3 +160,42 @@ def test_mlflow_users_and_permissions_as_docs_team_md_says(stack, monkeypatch):
         assert "403" in str(err) or "PERMISSION_DENIED" in str(err), err
     else:
         raise AssertionError("a READ user could write")
+
+
+def test_mlflow_answers_only_the_host_names_it_allows(stack):
+    """``--allowed-hosts``: the stack's address, localhost and STACK_ALLOWED_HOSTS; any other Host
+    header (DNS rebinding) gets 403."""
+    import base64
+    import http.client
+
+    port = stack.settings.port("mlflow")
+    env = stack.client_env
+    token = base64.b64encode(f"{env['MLFLOW_TRACKING_USERNAME']}:{env['MLFLOW_TRACKING_PASSWORD']}".encode())
+
+    def status_for(host_header: str) -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/api/2.0/mlflow/experiments/search?max_results=1",
+                     headers={"Host": host_header, "Authorization": f"Basic {token.decode()}"})
+        return conn.getresponse().status
+
+    assert status_for(f"127.0.0.1:{port}") == 200
+    assert status_for(f"localhost:{port}") == 200
+    assert status_for(f"rebinding.example:{port}") == 403
+
+
+def test_another_address_and_host_names_reach_the_servers_command_lines(tmp_path):
+    from pipeline.stack.mlflow_service import MlflowServer
+    from pipeline.stack.objectstore import ObjectStore
+    from pipeline.stack.postgres import Postgres
+    from pipeline.stack.secrets import StackSecrets
+
+    settings = StackSettings(directory=tmp_path, host="10.23.0.1", port_base=30000, allowed_hosts=("team-a",))
+    secrets = StackSecrets.generate()
+    mlflow_argv = MlflowServer(settings, secrets).argv(Postgres(settings, secrets))
+    assert mlflow_argv[mlflow_argv.index("--host") + 1] == "10.23.0.1"
+    allowed = mlflow_argv[mlflow_argv.index("--allowed-hosts") + 1].split(",")
+    assert {"10.23.0.1:30002", "team-a", "team-a:30002", "localhost:30002"} <= set(allowed)
+    weed = ObjectStore(settings, secrets).argv(Path("/bin/weed"))
+    assert "-ip.bind=10.23.0.1" in weed and "-s3.port=30001" in weed
+    assert all(f"={p}" in " ".join(weed) for p in range(30010, 30019))   # every internal port named
+    assert Postgres(settings, secrets).url("mlflow", "mlflow") == "postgresql://mlflow@10.23.0.1:30000/mlflow"
