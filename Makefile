@@ -72,7 +72,11 @@ serve: setup  ## serve the scheduled retraining flow (Prefect)
 	$(BIN)/python -m pipeline.flows serve
 
 .PHONY: serve-model
-serve-model: setup  ## serve the registry's champion (else latest) translator over HTTP on 127.0.0.1:MODEL_PORT (default 5001)
+serve-model: setup  ## serve the registry's champion (else latest) over HTTP on 127.0.0.1:MODEL_PORT (default 5001), batched, swapped live
+	$(BIN)/python -m pipeline.serving.server --port $(or $(MODEL_PORT),5001)
+
+.PHONY: serve-model-mlflow
+serve-model-mlflow: setup  ## the same version with MLflow's own scoring server (mlflow models serve)
 	$(BIN)/python -m pipeline.serving.mlflow_server --port $(or $(MODEL_PORT),5001)
 
 .PHONY: docs

@@ -147,7 +147,7 @@ def test_the_second_machine_serves_the_champion_from_the_server(machines, monkey
     version = client.search_model_versions(f"name = '{MODEL}'")[0].version
     client.set_registered_model_alias(MODEL, "champion", version)   # by hand, as the gate would
     port = _free_port()
-    server = subprocess.Popen([PYTHON, "-m", "pipeline.serving.mlflow_server", "--port", str(port)],
+    server = subprocess.Popen([PYTHON, "-m", "pipeline.serving.server", "--port", str(port)],   # make serve-model
                               cwd=second.path, env=second.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, start_new_session=True)
     try:
@@ -169,3 +169,4 @@ def test_the_second_machine_serves_the_champion_from_the_server(machines, monkey
         os.killpg(server.pid, signal.SIGTERM)
         output, _ = server.communicate(timeout=30)
     assert f"serving {MODEL} version {version} (alias champion" in output
+    assert "stopped: the queue is answered" in output

@@ -1,0 +1,93 @@
+"""``python -m pipeline.serving.server`` (``make serve-model``): serve the registry's champion of
+``tracking.registered_model`` (without one, the newest version) from the store that
+``MLFLOW_TRACKING_URI`` names (else the embedded ``mlflow.db``), on 127.0.0.1 by default::
+
+    make serve-model MODEL_PORT=5001
+    curl -s http://127.0.0.1:5001/invocations -H 'Content-Type: application/json' \\
+         -d '{"dataframe_records": [{"text": "Two dogs play in the snow."}]}'
+
+The version is ready (``/health/ready``) once loaded and warmed; nothing to serve, or a version
+that fails to load at start, is one ``error:`` line and exit 2. SIGTERM (or Ctrl-C): stop
+accepting, answer what is queued within ``--drain-seconds``, exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+import uvicorn
+
+from pipeline.params import PARAMS_FILE, ParamsError, load_params
+from pipeline.serving.mlflow_server import DEFAULT_PORT, HOST, ServingError
+from pipeline.serving.server.app import ServerSettings, ServerState, create_app
+from pipeline.serving.server.batcher import Batcher
+from pipeline.serving.server.metrics import ServerMetrics
+from pipeline.serving.server.model_source import load_version, wanted_version
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.serving.server", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--name", help="registered model (default: tracking.registered_model of params.yaml)")
+    parser.add_argument("--host", default=HOST)
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--poll-seconds", type=float, default=30.0, help="registry poll interval (live swap)")
+    parser.add_argument("--deadline-seconds", type=float, default=30.0,
+                        help="a request not started within this is answered 503, undecoded")
+    parser.add_argument("--max-queue-sentences", type=int, default=512, help="beyond this, 429")
+    parser.add_argument("--max-batch-tokens", type=int, default=4096, help="source pieces per decoded batch")
+    parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="a larger body gets 413 unparsed")
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                        help="torch threads of the inference thread (default: this process's cores)")
+    parser.add_argument("--drain-seconds", type=float, default=30.0, help="on SIGTERM, time to answer the queue")
+    parser.add_argument("--decode-delay-ms", type=float, default=0.0, help=argparse.SUPPRESS)   # tests: a slow decode
+    args = parser.parse_args(argv)
+
+    from mlflow.exceptions import MlflowException
+
+    from pipeline.tracking import store
+    try:
+        name = args.name or (load_params(PARAMS_FILE).tracking.registered_model if Path(PARAMS_FILE).is_file()
+                             else "transformer")
+        version, why, run_id = wanted_version(store.client(), name)
+        model = load_version(store.tracking_uri(), name, version, why, run_id)
+    except (ParamsError, ServingError, MlflowException, ValueError, OSError) as err:
+        print(f"error: {getattr(err, 'message', err)}", file=sys.stderr)
+        return 2
+    # Tokenizing runs on the event loop, decoding on the inference thread: torch's threads are its.
+    torch.set_num_threads(args.threads)
+    metrics = ServerMetrics()
+    batcher = Batcher(args.max_queue_sentences, args.max_batch_tokens, args.threads, metrics.on_batch)
+    if args.decode_delay_ms:
+        decode = batcher._decode
+
+        def slow_decode(group):   # noqa: ANN001, ANN202
+            time.sleep(args.decode_delay_ms / 1000)
+            decode(group)
+        batcher._decode = slow_decode   # type: ignore[method-assign]
+    settings = ServerSettings(name, store.tracking_uri(), args.poll_seconds, args.deadline_seconds,
+                              args.max_body_bytes, args.drain_seconds)
+    state = ServerState(settings, model, batcher, metrics)
+    state.set_current(model)
+    print(f"serving {name} version {version} ({why}; run {run_id}) from {store.tracking_uri()}\n"
+          f"  POST http://{args.host}:{args.port}/invocations  "
+          """{"dataframe_records": [{"text": "Two dogs play in the snow."}]}""", flush=True)
+    # uvicorn handles SIGTERM and SIGINT (stop accepting, finish requests in flight, then the app's
+    # shutdown decodes what is queued) and raises the signal again once done; caught here, so that a
+    # drained server exits 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    uvicorn.run(create_app(state), host=args.host, port=args.port, log_level="warning",
+                timeout_graceful_shutdown=int(args.drain_seconds))
+    print("stopped: the queue is answered", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

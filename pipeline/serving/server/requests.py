@@ -1,0 +1,67 @@
+"""MLflow's scoring-server request and error formats, so existing clients work unchanged:
+``{"dataframe_records": [{"text": ...}]}``, ``{"dataframe_split": {"columns": [...], "data": [...]}}``,
+``{"inputs": {"text": [...]}}`` / ``{"inputs": [...]}``, ``{"instances": [...]}``, each with an
+optional ``"params": {"beam_size": 4, "alpha": 0.6}``; answers ``{"predictions": [...]}``, errors
+``{"error_code": ..., "message": ...}``. The sentences are checked exactly as the registered pyfunc
+model checks them (``pipeline.serving.mlflow_model``), with the same messages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+from mlflow.exceptions import MlflowException
+
+from pipeline.serving.mlflow_model import TranslatorModel, invalid, sentences_of
+from pipeline.serving.translator import Translator
+
+FORMATS = ("dataframe_records", "dataframe_split", "inputs", "instances")
+
+
+class BadRequest(ValueError):
+    def __init__(self, message: str, error_code: str = "INVALID_PARAMETER_VALUE") -> None:
+        super().__init__(message)
+        self.message, self.error_code = message, error_code
+
+
+def model_input_of(body: Any) -> tuple[Any, dict[str, Any]]:
+    """The model input and params of a parsed JSON body."""
+    if not isinstance(body, dict):
+        raise BadRequest(f"the body must be a JSON object with one of {', '.join(FORMATS)}", "BAD_REQUEST")
+    keys = [k for k in FORMATS if k in body]
+    if len(keys) != 1:
+        raise BadRequest(f"the body must have exactly one of {', '.join(FORMATS)}; it has {sorted(body)[:6]}",
+                         "BAD_REQUEST")
+    params = body.get("params") or {}
+    if not isinstance(params, dict):
+        raise BadRequest("params must be a JSON object, e.g. {\"beam_size\": 4}")
+    value = body[keys[0]]
+    try:
+        if keys[0] == "dataframe_records":
+            data: Any = pd.DataFrame.from_records(value)
+        elif keys[0] == "dataframe_split":
+            data = pd.DataFrame(value.get("data"), columns=value.get("columns"))
+        elif isinstance(value, dict):
+            data = pd.DataFrame(value)
+        else:
+            data = value
+    except (TypeError, ValueError, AttributeError) as err:
+        raise BadRequest(f"{keys[0]} is not a table: {err}") from None
+    return data, params
+
+
+def checked(translator: Translator, body: Any) -> tuple[list[list[int]], int, float]:
+    """The pieces of each sentence and the decoding settings of a request; BadRequest (400) with the
+    pyfunc model's own message for anything it would refuse."""
+    data, params = model_input_of(body)
+    checker = TranslatorModel()
+    checker.translator = translator
+    try:
+        ids = checker.check(sentences_of(data))
+        beam_size, alpha = checker.decoding(params)
+    except MlflowException as err:
+        raise BadRequest(err.message) from None
+    return ids, beam_size, alpha
+
+
+__all__ = ["BadRequest", "checked", "invalid", "model_input_of"]
