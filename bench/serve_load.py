@@ -1,26 +1,28 @@
-"""Load on a served translator (``make serve-model``): latency and throughput over real HTTP.
+"""Load on the served translator over real HTTP: our server (``make serve-model``) against
+MLflow's scoring server (``mlflow models serve``) of the same registered version, in one run.
 
-Sends ``--requests`` requests of ``--batch`` sentences each (``{"dataframe_records": [{"text": ...}]}``)
-from ``--concurrency`` threads to a running ``mlflow models serve`` and prints p50 / p95 latency,
-sentences/s and the error count. Stops sending at ``--time-limit`` seconds (what was sent still
-counts; unsent requests are reported).
+Starts both servers itself on free 127.0.0.1 ports (the version ``make serve-model`` would serve:
+champion, else latest, from ``MLFLOW_TRACKING_URI`` or ``mlflow.db``), then, for each level of
+``--levels`` (default 1, 4 and 16 closed-loop clients, each sending its next request when the last
+is answered), ``--requests-per-client`` one-sentence requests from the test set. Prints p50, p95,
+p99 latency, sentences/s and errors per level and server, then the references of the same run:
+the same version in this process, one sentence at a time (p50), and offline in batches of 16
+(sentences/s). ``ratio=`` last: our sentences/s at the highest level over MLflow's.
 
-The reference, measured in the same run: the same model in this process
-(``mlflow.pyfunc.load_model`` of ``--model-uri``, by default the version ``make serve-model``
-serves), translating the same requests one after another. ``ratio=`` is served sentences/s over
-in-process sentences/s: what HTTP, JSON and the server cost, and what concurrency gains back.
-``--model-uri none`` skips the reference (no ratio).
-
-    make serve-model &                      # 127.0.0.1:5001
-    .venv/bin/python bench/serve_load.py --requests 300 --concurrency 4
+    .venv/bin/python bench/serve_load.py                       # the CPU is named in the first line
+    .venv/bin/python bench/serve_load.py --levels 1,4 --requests-per-client 20 --no-mlflow
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
+import signal
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -59,8 +61,8 @@ class LoadResult:
     def summary(self) -> str:
         return (f"requests={len(self.latencies_s) + len(self.errors)} errors={len(self.errors)} unsent={self.unsent} "
                 f"p50_ms={1000 * statistics.median(self.latencies_s or [0]):.1f} "
-                f"p95_ms={1000 * self.percentile(95):.1f} sentences_per_s={self.sentences_per_s:.1f} "
-                f"wall_s={self.wall_s:.1f}")
+                f"p95_ms={1000 * self.percentile(95):.1f} p99_ms={1000 * self.percentile(99):.1f} "
+                f"sentences_per_s={self.sentences_per_s:.1f} wall_s={self.wall_s:.1f}")
 
 
 def post(url: str, payload: dict, timeout: float = 60.0) -> tuple[int, dict]:
@@ -112,60 +114,120 @@ def run_load(url: str, sentences: list[str], requests: int, concurrency: int, ba
     return result
 
 
-def in_process_reference(model_uri: str, sentences: list[str], requests: int, batch: int) -> float:
-    """Sentences/s of the same pyfunc model in this process, the same requests one after another."""
-    import mlflow
-    import pandas as pd
-
-    model = mlflow.pyfunc.load_model(model_uri)
-    model.predict(pd.DataFrame({"text": sentences[:1]}))   # warm-up, as the server's first request
-    start = time.monotonic()
-    for i in range(requests):
-        model.predict(pd.DataFrame({"text": [sentences[(i * batch + j) % len(sentences)] for j in range(batch)]}))
-    return requests * batch / (time.monotonic() - start)
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []:
+        if line.startswith("model name"):
+            flags = Path("/proc/cpuinfo").read_text()
+            extra = " with AVX512-BF16" if "avx512_bf16" in flags else (" with AMX" if "amx_bf16" in flags else "")
+            return f"{line.split(':', 1)[1].strip()}{extra}"
+    return "unknown CPU"
 
 
-def default_model_uri() -> str:
-    """The version ``make serve-model`` serves (champion, else latest)."""
-    from pipeline.params import PARAMS_FILE, load_params
-    from pipeline.serving.mlflow_server import served_version
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(module: str, name: str, version: str, threads: int) -> tuple[subprocess.Popen, str]:
+    """``python -m <module>`` serving ``name`` (the server picks champion/latest; MLflow's gets --version)."""
+    port = free_port()
+    extra = ["--threads", str(threads)] if module.endswith(".server") else ["--version", version]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
+    process = subprocess.Popen([sys.executable, "-m", module, "--name", name, "--port", str(port), *extra],
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while True:
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop(process)
+            sys.exit(f"error: {module} did not start (exit {process.returncode})")
+        try:
+            with urllib.request.urlopen(f"{url}/ping", timeout=2):
+                return process, f"{url}/invocations"
+        except OSError:
+            time.sleep(0.5)
+
+
+def stop(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=60)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def references(name: str, version: str, why: str, run_id: str, sentences: list[str],
+               threads: int) -> tuple[float, float]:
+    """(p50 seconds of one sentence in-process, offline sentences/s in batches of 16) of the same version."""
+    import torch
+
+    from pipeline.serving.server.model_source import load_version
     from pipeline.tracking import store
 
-    name = load_params(PARAMS_FILE).tracking.registered_model if Path(PARAMS_FILE).is_file() else "transformer"
-    version, _ = served_version(store.client(), name)
-    return f"models:/{name}/{version.version}"
+    torch.set_num_threads(threads)
+    translator = load_version(store.tracking_uri(), name, version, why, run_id).translator
+    single = []
+    with torch.inference_mode():
+        for sentence in sentences[:60]:
+            started = time.monotonic()
+            translator.translate([sentence])
+            single.append(time.monotonic() - started)
+        started = time.monotonic()
+        for i in range(0, len(sentences), 16):
+            translator.translate(sentences[i:i + 16])
+        offline = len(sentences) / (time.monotonic() - started)
+    return statistics.median(single), offline
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", default="http://127.0.0.1:5001/invocations")
-    parser.add_argument("--requests", type=int, default=300)
-    parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=1, help="sentences per request")
-    parser.add_argument("--time-limit", type=float, default=120.0, help="stop sending after this many seconds")
-    parser.add_argument("--sentences", type=Path, help="one source sentence a line (default: data/corpus/val.en "
-                                                         "when present, else 10 built-in captions)")
-    parser.add_argument("--model-uri", help="the reference's model (default: the served version); none: no reference")
+    parser.add_argument("--name", help="registered model (default: tracking.registered_model of params.yaml)")
+    parser.add_argument("--levels", default="1,4,16", help="closed-loop clients per level, comma-separated")
+    parser.add_argument("--requests-per-client", type=int, default=30)
+    parser.add_argument("--sentences", type=Path, default=Path("data/corpus/test_2016_flickr.en"),
+                        help="one source sentence a line (default: the test set; else 10 built-in captions)")
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--time-limit", type=float, default=300.0, help="per level and server")
+    parser.add_argument("--no-mlflow", action="store_true", help="skip MLflow's server (no ratio)")
     args = parser.parse_args()
-    source = args.sentences or Path("data/corpus/val.en")
+    from pipeline.params import PARAMS_FILE, load_params
+    from pipeline.serving.server.model_source import wanted_version
+    from pipeline.tracking import store
+
+    name = args.name or (load_params(PARAMS_FILE).tracking.registered_model if Path(PARAMS_FILE).is_file()
+                         else "transformer")
+    version, why, run_id = wanted_version(store.client(), name)
     sentences = SENTENCES
-    if source.is_file():
-        sentences = [s for s in source.read_text(encoding="utf-8").splitlines() if s.strip()]
-    print(f"{args.url}: {args.requests} requests of {args.batch} sentence(s), {args.concurrency} concurrent, "
-          f"{len(sentences)} distinct sentences", flush=True)
-    status, _ = post(args.url, {"dataframe_records": [{"text": sentences[0]}]})   # warm-up, and is it there?
-    if status != 200:
-        sys.exit(f"error: {args.url} answered {status} to a valid request")
-    result = run_load(args.url, sentences, args.requests, args.concurrency, args.batch, args.time_limit)
-    print(f"served: {result.summary()}")
-    for problem in result.errors[:5]:
-        print(f"  error: {problem}")
-    if args.model_uri == "none":
-        return
-    uri = args.model_uri or default_model_uri()
-    reference = in_process_reference(uri, sentences, min(args.requests, 100), args.batch)
-    print(f"reference (in-process pyfunc {uri}, sequential): sentences_per_s={reference:.1f}")
-    print(f"ratio={result.sentences_per_s / reference:.2f}")
+    if args.sentences.is_file():
+        sentences = [s for s in args.sentences.read_text(encoding="utf-8").splitlines() if s.strip()]
+    levels = [int(x) for x in args.levels.split(",")]
+    print(f"{cpu_name()}, {args.threads} threads; {name} version {version} ({why}); one-sentence requests from "
+          f"{len(sentences)} sentences, {args.requests_per_client} per client", flush=True)
+    servers = [("ours", "pipeline.serving.server")] + ([] if args.no_mlflow else
+                                                        [("mlflow", "pipeline.serving.mlflow_server")])
+    throughput: dict[tuple[str, int], float] = {}
+    for label, module in servers:
+        process, url = start(module, name, version, args.threads)
+        try:
+            post(url, {"inputs": [sentences[0]]})   # warm-up
+            for clients in levels:
+                result = run_load(url, sentences, clients * args.requests_per_client, clients,
+                                  time_limit_s=args.time_limit)
+                throughput[(label, clients)] = result.sentences_per_s
+                print(f"{label:6s} clients={clients:<3d} {result.summary()}", flush=True)
+                for problem in result.errors[:3]:
+                    print(f"  error: {problem}")
+        finally:
+            stop(process)
+    single_p50, offline = references(name, version, why, run_id, sentences[:400], args.threads)
+    print(f"reference in-process, one sentence: p50_ms={1000 * single_p50:.1f}")
+    print(f"reference offline, batches of 16: sentences_per_s={offline:.1f}")
+    if not args.no_mlflow:
+        top = max(levels)
+        print(f"ratio={throughput[('ours', top)] / throughput[('mlflow', top)]:.2f}")
 
 
 if __name__ == "__main__":

@@ -222,17 +222,6 @@ def test_bounded_load_has_no_errors(served):
     assert result.sentences_per_s > 1
 
 
-def test_bench_script_against_the_server(served):
-    done = subprocess.run([sys.executable, str(REPO / "bench" / "serve_load.py"), "--url", served.url,
-                           "--requests", "20", "--concurrency", "2", "--model-uri", f"models:/{NAME}/1"],
-                          cwd=served.root, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": served.uri})
-    assert done.returncode == 0, done.stderr[-2000:]
-    lines = done.stdout.splitlines()
-    assert "errors=0" in lines[1] and "p95_ms=" in lines[1], done.stdout
-    assert lines[-1].startswith("ratio=") and float(lines[-1].split("=")[1]) > 0
-
-
 def test_registered_version_has_a_model_card(served):
     version = served.client.get_model_version(NAME, "1")
     card, tags = version.description, version.tags

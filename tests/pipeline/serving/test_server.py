@@ -226,6 +226,22 @@ def test_sigterm_answers_what_is_queued_then_exits_0(registered):
     assert slow.process.wait(timeout=60) == 0
 
 
+def test_the_load_bench_runs_both_servers_at_each_level(registered):
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "serve_load.py"), "--name", NAME, "--levels", "1,2",
+                           "--requests-per-client", "4", "--threads", "1"], cwd=registered.root, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO),
+                                                       "MLFLOW_TRACKING_URI": registered.uri})
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert f"{NAME} version 1 (alias champion)" in lines[0]
+    for label in ("ours", "mlflow"):
+        for clients in (1, 2):
+            (line,) = [x for x in lines if x.startswith(f"{label:6s} clients={clients} ")]
+            assert f"requests={4 * clients} errors=0" in line and "p99_ms=" in line, line
+    assert any(x.startswith("reference offline, batches of 16: sentences_per_s=") for x in lines)
+    assert lines[-1].startswith("ratio=") and float(lines[-1].split("=")[1]) > 0
+
+
 def test_the_champion_is_swapped_live_under_load_without_a_failed_request(server, registered):
     stop, results, lock = threading.Event(), [], threading.Lock()
 
