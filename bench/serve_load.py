@@ -189,7 +189,8 @@ def main() -> None:
     parser.add_argument("--requests-per-client", type=int, default=30)
     parser.add_argument("--sentences", type=Path, default=Path("data/corpus/test_2016_flickr.en"),
                         help="one source sentence a line (default: the test set; else 10 built-in captions)")
-    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--threads", type=int, default=max(1, len(os.sched_getaffinity(0)) - 1),
+                        help="torch threads of both servers and the references (default: the server's)")
     parser.add_argument("--time-limit", type=float, default=300.0, help="per level and server")
     parser.add_argument("--no-mlflow", action="store_true", help="skip MLflow's server (no ratio)")
     args = parser.parse_args()

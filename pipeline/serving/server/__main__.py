@@ -31,6 +31,12 @@ from pipeline.serving.server.metrics import ServerMetrics
 from pipeline.serving.server.model_source import load_version, wanted_version
 
 
+def default_threads() -> int:
+    """One core is left to the event loop (HTTP, JSON, tokenizing): with every core in torch's
+    threads, the loop waits for them and a lone request's latency doubles (docs/benchmarks.md)."""
+    return max(1, len(os.sched_getaffinity(0)) - 1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.serving.server", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -43,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-queue-sentences", type=int, default=512, help="beyond this, 429")
     parser.add_argument("--max-batch-tokens", type=int, default=4096, help="source pieces per decoded batch")
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="a larger body gets 413 unparsed")
-    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
-                        help="torch threads of the inference thread (default: this process's cores)")
+    parser.add_argument("--threads", type=int, default=default_threads(),
+                        help="torch threads of the inference thread (default: this process's cores less one)")
     parser.add_argument("--drain-seconds", type=float, default=30.0, help="on SIGTERM, time to answer the queue")
     parser.add_argument("--decode-delay-ms", type=float, default=0.0, help=argparse.SUPPRESS)   # tests: a slow decode
     args = parser.parse_args(argv)
