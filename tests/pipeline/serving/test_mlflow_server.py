@@ -101,12 +101,13 @@ def _train_and_register(root: Path, uri: str) -> tuple[str, Path, Path]:
     return callback.run_id, root / "model.pt", root / "spm.model"
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory):
-    """The server, started once for the module (a start costs ~10 s), and what it serves."""
+def registered_in_temp_store(tmp_path_factory: pytest.TempPathFactory,
+                             folder: str) -> tuple[Path, str, str, Path, Path]:
+    """``_train_and_register`` in a new temporary SQLite store, version 1 made the champion (not the
+    latest): (folder, store URI, run id, checkpoint, SentencePiece model)."""
     if not (MIRROR / "data/task1/raw/train.en.gz").is_file():
         pytest.skip(f"the Multi30k mirror is not at {MIRROR}")
-    root = tmp_path_factory.mktemp("serving")
+    root = tmp_path_factory.mktemp(folder)
     uri = f"sqlite:///{root / 'mlflow.db'}"
     threads = torch.get_num_threads()
     with pytest.MonkeyPatch.context() as mp:
@@ -117,8 +118,15 @@ def served(tmp_path_factory: pytest.TempPathFactory):
             run_id, model_file, tokenizer_file = _train_and_register(root, uri)
         finally:
             torch.set_num_threads(threads)
-        client = MlflowClient(uri, uri)
-        client.set_registered_model_alias(NAME, CHAMPION_ALIAS, "1")   # the champion is not the latest
+    MlflowClient(uri, uri).set_registered_model_alias(NAME, CHAMPION_ALIAS, "1")
+    return root, uri, run_id, model_file, tokenizer_file
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory):
+    """The server, started once for the module (a start costs ~10 s), and what it serves."""
+    root, uri, run_id, model_file, tokenizer_file = registered_in_temp_store(tmp_path_factory, "serving")
+    client = MlflowClient(uri, uri)
     port = _free_port()
     log = root / "server.log"
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}

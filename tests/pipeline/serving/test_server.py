@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import torch
 from mlflow.tracking import MlflowClient
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -29,7 +28,7 @@ from pipeline.serving.translator import Translator, load_translator
 from pipeline.tracking.store import CHAMPION_ALIAS
 
 from ..conftest import MIRROR, REPO
-from .test_mlflow_server import NAME, SOURCES, _free_port, _lines, _train_and_register
+from .test_mlflow_server import NAME, SOURCES, _free_port, _lines, registered_in_temp_store
 
 
 @dataclass
@@ -106,24 +105,10 @@ class Registered:
 
 @pytest.fixture(scope="module")
 def registered(tmp_path_factory) -> Registered:
-    if not (MIRROR / "data/task1/raw/train.en.gz").is_file():
-        pytest.skip(f"the Multi30k mirror is not at {MIRROR}")
-    root = tmp_path_factory.mktemp("server")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
-    threads = torch.get_num_threads()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLFLOW_TRACKING_URI", uri)
-        mp.chdir(root)
-        torch.set_num_threads(1)
-        try:
-            run_id, model_file, tokenizer_file = _train_and_register(root, uri)
-        finally:
-            torch.set_num_threads(threads)
-    client = MlflowClient(uri, uri)
-    client.set_registered_model_alias(NAME, CHAMPION_ALIAS, "1")
+    root, uri, run_id, model_file, tokenizer_file = registered_in_temp_store(tmp_path_factory, "server")
     translator = load_translator(model_file, tokenizer_file, DecodingConfig(beam_size=2, alpha=0.6, max_len_b=12),
                                  device="cpu")
-    return Registered(root, uri, client, run_id, translator)
+    return Registered(root, uri, MlflowClient(uri, uri), run_id, translator)
 
 
 @pytest.fixture(scope="module")
