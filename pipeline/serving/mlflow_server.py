@@ -1,11 +1,13 @@
-"""Serve the registered translator over HTTP: ``make serve-model`` (= ``python -m pipeline.serving.mlflow_server``).
+"""Serve the registered translator with MLflow's own scoring server: ``make serve-model-mlflow`` (=
+``python -m pipeline.serving.mlflow_server``), the MLflow-native path beside ``make serve-model``
+(``pipeline.serving.server``: batched across requests, the champion swapped live).
 
 The version served is the registry's ``champion`` (the promotion gate's choice) of
 ``tracking.registered_model``, or, before there is one, its latest version. MLflow's own
 scoring server runs it (``mlflow models serve``) in this environment (``--env-manager local``:
 no virtualenv or conda is built, nothing is downloaded) on 127.0.0.1 by default::
 
-    make serve-model MODEL_PORT=5001
+    make serve-model-mlflow MODEL_PORT=5001
     curl -s http://127.0.0.1:5001/invocations -H 'Content-Type: application/json' \\
          -d '{"dataframe_records": [{"text": "Two dogs play in the snow."}]}'
     # {"predictions": ["Zwei Hunde spielen im Schnee."]}
