@@ -94,18 +94,26 @@ def error(status: int, message: str, error_code: str, version: str, **headers: s
                         headers={"X-Model-Version": version, **headers})
 
 
+DISCARD_LIMIT = 64 << 20   # an oversized body up to this is read and dropped, so the client gets its 413
+
+
 async def read_body(request: Request, limit: int) -> bytes | None:
-    """The body, or None when it is over ``limit`` bytes (checked on Content-Length first)."""
+    """The body, or None when it is over ``limit`` bytes. Past the limit nothing is kept: the rest is
+    read and dropped (up to ``DISCARD_LIMIT``), since a client still sending when the server closes
+    the connection sees a broken pipe instead of the 413."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        return None
+    over = declared is not None and declared.isdigit() and int(declared) > limit
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > limit:
-            return None
+        if over or size > limit:
+            over = True
+            chunks.clear()
+            if size > DISCARD_LIMIT:
+                break
+            continue
         chunks.append(chunk)
-    return b"".join(chunks)
+    return None if over else b"".join(chunks)
 
 
 def create_app(state: ServerState) -> FastAPI:
