@@ -444,9 +444,11 @@ def _check_init_files(train: TrainConfig, tokenizer: TokenizerParams, root: Path
 def run_stage(main: Callable[[], None]) -> None:
     """Run a stage's ``main``; a user error (bad params, bad data, unusable checkpoint) prints
     one line and exits 2, without a traceback."""
+    from pipeline.parent_death import signal_when_parent_dies
     from transformer.checkpoint import CheckpointError
     from transformer.train_config import NonFiniteLossError, OutOfMemoryError
 
+    signal_when_parent_dies()   # DVC gone (its flow run killed): SIGTERM, not an orphan stage
     try:
         main()
     except (ParamsError, DataError, CheckpointError, OutOfMemoryError, NonFiniteLossError) as err:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import math
 import os
 import re
@@ -143,6 +144,7 @@ class Trainer:
         self.stop_requested = False
         self.last_valid: dict[str, float] = {}
         self.last_valid_step = -1
+        self.resumed_from = ""   # the checkpoint resume() loaded, for messages
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
@@ -206,6 +208,8 @@ class Trainer:
         When that checkpoint was made with another model, settings or data (see
         ``fingerprint``), ``on_change="error"`` raises ``ValueError`` naming the differences and
         ``on_change="restart"`` deletes the old checkpoints and returns None (a fresh start).
+        Under torchrun every rank resumes from the same checkpoint (``_newest_checkpoint``), and a
+        rank whose settings or data differ from rank 0's raises ``ValueError`` on every rank.
         """
         if self.checkpoint_dir is None:
             return None
@@ -213,22 +217,60 @@ class Trainer:
             for stale in self.checkpoint_dir.glob(".checkpoint_*.tmp"):
                 stale.unlink(missing_ok=True)
         checkpoints = list_checkpoints(self.checkpoint_dir)
-        if not checkpoints:
+        source, state = self._newest_checkpoint(checkpoints)
+        if state is None:
             return None
-        state = load_checkpoint(checkpoints[-1], map_location=self.device)
         changes = _differences(state.get("fingerprint", {}), self.fingerprint())
         if changes:
             described = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in list(changes.items())[:6])
             if on_change != "restart":
-                raise ValueError(f"{checkpoints[-1]} was trained with other settings ({described}); "
+                raise ValueError(f"{source} was trained with other settings ({described}); "
                                  f"delete {self.checkpoint_dir} to start over")
-            print(f"settings changed since {checkpoints[-1].name} ({described}): starting a new training",
-                  flush=True)
-            for old in checkpoints:
-                old.unlink()
+            print(f"settings changed since {source} ({described}): starting a new training", flush=True)
+            for old in checkpoints:   # every rank decides alike (same state): each clears its own folder
+                old.unlink(missing_ok=True)   # missing: another rank sharing the folder came first
             return None
-        self.load_state_dict(state, str(checkpoints[-1]))
+        self.load_state_dict(state, source)
+        self.resumed_from = source
         return state.get("callbacks", {})
+
+    def _newest_checkpoint(self, checkpoints: list[Path]) -> tuple[str, dict[str, Any] | None]:
+        """The checkpoint to resume from, as (its name for messages, its state), or ("", None).
+
+        One process: the newest of ``checkpoints``. Under torchrun: the newest of every rank's
+        ``checkpoint_dir``, read by the rank that holds it and sent to all. Only rank 0 writes
+        checkpoints and hosts do not share a disk, so on a rerun the other ranks have none (or older
+        ones, from a run where they were rank 0); DDP sends rank 0's weights when it wraps the model
+        but not the optimiser, the schedule, the RNG or the position in the data, so a rank that
+        started over on its own would train apart from the others without any error. The file's
+        bytes travel rather than a loaded state so that every rank loads it alike (weights only,
+        onto its own device). The ranks also compare fingerprints first: hosts with other params or
+        token stores would train apart just as silently, so that is a ``ValueError`` on every rank.
+        """
+        if self.world_size == 1:
+            if not checkpoints:
+                return "", None
+            return str(checkpoints[-1]), load_checkpoint(checkpoints[-1], map_location=self.device)
+        newest = int(CHECKPOINT_PATTERN.search(checkpoints[-1].name).group(1)) if checkpoints else -1
+        ranks: list[Any] = [None] * self.world_size
+        dist.all_gather_object(ranks, (self.fingerprint(), newest))
+        for rank, (fingerprint, _) in enumerate(ranks):
+            changes = _differences(ranks[0][0], fingerprint)
+            if changes:
+                described = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(changes.items())[:6])
+                raise ValueError(f"rank {rank} trains other settings or data than rank 0 ({described}): "
+                                 "every host needs the same params.yaml and token stores")
+        steps = [step for _, step in ranks]
+        source = steps.index(max(steps))   # the lowest rank among those with the newest step
+        if steps[source] < 0:
+            return "", None
+        payload = [checkpoints[-1].read_bytes() if self.rank == source else None]
+        dist.broadcast_object_list(payload, src=source, device=self.device)
+        name = f"rank {source}'s checkpoint_{steps[source]:08d}.pt"
+        try:
+            return name, torch.load(io.BytesIO(payload[0]), map_location=self.device, weights_only=True)
+        except Exception as err:  # as load_checkpoint: torch raises several types for a bad file
+            raise CheckpointError(f"{name} cannot be loaded: {type(err).__name__}: {err}") from err
 
     def checkpoint_path(self, step: int) -> Path:
         assert self.checkpoint_dir is not None

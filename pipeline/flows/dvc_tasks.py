@@ -1,5 +1,8 @@
 """Prefect tasks that run the DVC stages: ``dvc repro --single-item <stage>`` one stage a task,
 in the DAG's order, or one ``dvc exp run -S key=value ...`` for a run with parameter overrides.
+In a clone with a default DVC remote (a team's, ``python -m pipeline.stack remote``) they pull
+first (``--pull``): a stage whose outputs, or whose run-cache entry, another machine pushed is
+restored from the remote instead of run again.
 
 The stage's output (DVC's and the stage command's stdout and stderr) is streamed line by line
 into the task's Prefect log. A failing stage raises ``StageFailed`` carrying the stage's own
@@ -13,9 +16,11 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -24,9 +29,12 @@ import yaml
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from pipeline.parent_death import with_parent_death_signal
+
 STAGES = ("download", "tokenizer", "train", "average", "tune", "evaluate")   # the order of dvc.yaml's DAG
 USER_ERROR = 2                       # run_stage's exit status for bad params, data or checkpoints
 NETWORK_ERROR = "could not download"  # pipeline.data.fetch.fetch_file, after its own retries
+STOP_GRACE_S = 60.0                  # a train stage saves its checkpoint well within this
 _EXITED = re.compile(r"exited with (-?\d+)")
 _OVERRIDE = re.compile(r"^[A-Za-z_][\w.\-\[\]]*=.*$")
 
@@ -90,10 +98,13 @@ def run_dvc(args: list[str], workdir: Path, logger: Any = None) -> list[str]:
     """Run ``dvc <args>`` in ``workdir``, logging stdout (INFO) and stderr (WARNING) lines as they
     come; returns the stdout lines, raises ``StageFailed`` on a non-zero exit."""
     command = [sys.executable, "-m", "dvc", *args]
+    launched = with_parent_death_signal(command)   # this process SIGKILLed: DVC gets SIGTERM (pipeline.parent_death)
     logger = logger or get_run_logger()
     logger.info("$ dvc %s  (in %s)", " ".join(args), workdir)
-    process = subprocess.Popen(command, cwd=workdir, env=dvc_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, encoding="utf-8", errors="replace", bufsize=1)
+    # A session of its own: when this process is interrupted (a worker stopped with SIGINT forwards it
+    # here), stop_stage signals DVC and the stage together, once, and waits for them.
+    process = subprocess.Popen(launched, cwd=workdir, env=dvc_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, encoding="utf-8", errors="replace", bufsize=1, start_new_session=True)
     stdout: list[str] = []
     stderr: deque[str] = deque(maxlen=200)
 
@@ -108,7 +119,11 @@ def run_dvc(args: list[str], workdir: Path, logger: Any = None) -> list[str]:
                threading.Thread(target=pump, args=(process.stderr, stderr, logging.WARNING), daemon=True)]
     for t in threads:
         t.start()
-    returncode = process.wait()
+    try:
+        returncode = process.wait()
+    except BaseException:
+        stop_stage(process, logger)
+        raise
     for t in threads:
         t.join()
     if returncode != 0:
@@ -117,6 +132,38 @@ def run_dvc(args: list[str], workdir: Path, logger: Any = None) -> list[str]:
         logger.error("%s", error)
         raise error
     return stdout
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def stop_stage(process: subprocess.Popen, logger: Any, grace_s: float = STOP_GRACE_S) -> None:
+    """SIGINT to DVC and its stage (the train stage saves a checkpoint and exits; DVC records
+    nothing in dvc.lock), then SIGKILL to whatever of the two is left after ``grace_s``: an
+    interrupted flow run never leaves a stage running on its own."""
+    pgid = process.pid   # start_new_session: DVC leads its own process group
+    try:
+        os.killpg(pgid, signal.SIGINT)
+    except ProcessLookupError:
+        return
+    logger.warning("interrupted: stopping dvc (pid %d) and its stage", pgid)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        process.poll()   # reaps DVC, which would otherwise keep the group alive as a zombie
+        if not _group_alive(pgid):
+            return
+        time.sleep(0.2)
+    logger.error("dvc and its stage did not stop within %.0f s of SIGINT: killed", grace_s)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
 
 
 def check_stages(workdir: Path) -> None:
@@ -136,18 +183,30 @@ def check_overrides(overrides: list[str]) -> None:
             raise ValueError(f"parameter override {item!r} is not key=value (e.g. train.max_steps=100)")
 
 
+def default_remote(workdir: Path) -> str:
+    """The name of the clone's default DVC remote (``core.remote`` of any config level), "" if none."""
+    proc = subprocess.run([sys.executable, "-m", "dvc", "config", "core.remote"], cwd=workdir, env=dvc_env(),
+                          capture_output=True, text=True)
+    return proc.stdout.strip() if proc.returncode == 0 else ""
+
+
+def _pull_flag(pull: bool) -> list[str]:
+    return ["--pull"] if pull else []
+
+
 @task(name="dvc repro", cache_policy=NO_CACHE, retry_condition_fn=_retry_if_transient)
-def repro_stage(stage: str, workdir: str) -> None:
-    """One stage: ``dvc repro --single-item <stage>`` (a no-op when DVC finds it up to date)."""
-    run_dvc(["repro", "--single-item", stage], Path(workdir))
+def repro_stage(stage: str, workdir: str, pull: bool = False) -> None:
+    """One stage: ``dvc repro --single-item <stage>`` (a no-op when DVC finds it up to date); with
+    ``pull``, missing outputs and run-cache entries are fetched from the default remote first."""
+    run_dvc(["repro", *_pull_flag(pull), "--single-item", stage], Path(workdir))
 
 
 @task(name="dvc exp run", cache_policy=NO_CACHE, retry_condition_fn=_retry_if_transient)
-def experiment(overrides: list[str], workdir: str) -> None:
+def experiment(overrides: list[str], workdir: str, pull: bool = False) -> None:
     """The whole DAG with parameter overrides, as a DVC experiment: ``dvc exp run -S k=v ...``.
     DVC leaves a successful experiment applied to the workspace; after a failed one the flow puts
     params.yaml back as it was (DVC would leave the overrides there for the next run to trip on)."""
-    args = ["exp", "run"]
+    args = ["exp", "run", *_pull_flag(pull)]
     for item in overrides:
         args += ["-S", item]
     params_file = Path(workdir) / "params.yaml"

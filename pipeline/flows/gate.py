@@ -206,12 +206,16 @@ def promote_if_better(client: MlflowClient, name: str, challenger: ModelVersion,
 # ----------------------------------------------------------------------------- challenger and champion
 
 
-def challenger_version(client: MlflowClient, name: str, run_id: str) -> ModelVersion:
+def challenger_version(client: MlflowClient, name: str, run_id: str | Sequence[str]) -> ModelVersion:
     """The newest version of ``name`` registered from ``run_id`` or from one of its descendant runs
     (tune and evaluate log into a child run when their params differ from the run's: evaluate's
-    may be a child of tune's)."""
+    may be a child of tune's). Several runs may have made the same model file (a training resumed
+    to the same weights, whose tune and evaluate DVC restored from the run-cache and so did not
+    register again): ``run_id`` may list them all, and a version of any of them is the challenger."""
+    given = [run_id] if isinstance(run_id, str) else list(run_id)
+    run_id = given[0]
     run = client.get_run(run_id)
-    run_ids, frontier = {run_id}, [run_id]
+    run_ids, frontier = set(given), list(given)
     while frontier:
         parent = frontier.pop()
         for child in client.search_runs([run.info.experiment_id],

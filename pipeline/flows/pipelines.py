@@ -20,6 +20,7 @@ from pipeline.flows.dvc_tasks import (
     STAGES,
     check_overrides,
     check_stages,
+    default_remote,
     experiment_task,
     run_dvc,
     stage_task,
@@ -75,6 +76,20 @@ def model_run_id(root: Path, experiment: str, client: MlflowClient) -> str:
     return run_id
 
 
+def model_run_ids(root: Path, experiment: str, client: MlflowClient) -> list[str]:
+    """Every run of ``experiment`` tagged as a maker of ``root``'s ``models/model.pt``, newest first
+    (the same weights can come from more than one run: ``gate.challenger_version``)."""
+    from transformer.atomic import file_sha256
+
+    newest = model_run_id(root, experiment, client)
+    sha = file_sha256(root / paths.AVERAGED_MODEL)
+    experiment_id = client.get_run(newest).info.experiment_id
+    others = [r.info.run_id for r in client.search_runs([experiment_id],
+                                                        filter_string=f"tags.`{links.LINK_MODEL}` = '{sha}'",
+                                                        order_by=["attributes.start_time DESC"], max_results=50)]
+    return [newest, *(r for r in others if r != newest)]
+
+
 DEV, DECODING = "dev", "decoding"   # reports/metrics.json's keys beside the test sets (pipeline/stages/evaluate.py)
 
 
@@ -113,11 +128,14 @@ def training_pipeline(workdir: str = ".", overrides: list[str] | None = None) ->
     # Every section, overrides applied, before DVC runs anything: DVC deletes a stage's outputs before
     # the stage could refuse a bad value.
     check_params(root / os.environ.get("PARAMS_FILE", "params.yaml"), list(overrides or []))
+    remote = default_remote(root)
+    if remote:
+        get_run_logger().info("DVC remote %r: each stage pulls what another machine pushed before it runs", remote)
     if overrides:
-        experiment_task()(list(overrides), str(root))
+        experiment_task()(list(overrides), str(root), pull=bool(remote))
     else:
         for stage in STAGES:
-            stage_task(stage)(stage, str(root))
+            stage_task(stage)(stage, str(root), pull=bool(remote))
     metrics = read_metrics(root)
     try:
         uri = tracking_uri(root)
@@ -173,7 +191,7 @@ def promotion_gate(workdir: str, flow_run_id: str = "", extra_tags: dict[str, st
     missing = [t for t in (gate_set, *data.test_sets) if t not in scores]
     if missing:
         raise GateError(f"{paths.METRICS} has no scores for {', '.join(missing)}: the evaluation is partial")
-    challenger = challenger_version(client, name, model_run_id(root, params.tracking.experiment, client))
+    challenger = challenger_version(client, name, model_run_ids(root, params.tracking.experiment, client))
     logged = client.get_run(challenger.run_id).data.metrics
     for evaluated in (gate_set, *data.test_sets):
         key = f"{'dev' if evaluated == gate_set else 'test'}/{evaluated}/bleu"

@@ -1,11 +1,15 @@
 """PostgreSQL from the operating system's packages (Debian: ``apt-get install postgresql``): a
 cluster of the stack's own in ``<dir>/postgres``, on the stack's port, bound to its address, run
 as the ``postgres`` user when started by root. Local connections (its Unix socket in the stack's
-folder) authenticate by the OS user; TCP ones by password (scram-sha-256). Two databases with a
-role each: ``mlflow`` (plus ``mlflow_auth``, the MLflow server's users) and ``prefect``."""
+folder) authenticate by the OS user; TCP ones by password (scram-sha-256), and only from the
+stack's own machine: on another bind address (a bridge that other hosts reach) pg_hba.conf admits
+that address alone, where the MLflow and Prefect servers connect from, so the database stays
+closed to the other hosts even though they reach its port. Two databases with a role each:
+``mlflow`` (plus ``mlflow_auth``, the MLflow server's users) and ``prefect``."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 import signal
@@ -76,6 +80,19 @@ class Postgres(Service):
                                     "--auth-host=scram-sha-256", "--encoding=UTF8", "--no-instructions"]),
                     "initdb")
 
+    def _admit_bind_address(self) -> None:
+        """initdb admits TCP clients from loopback only; the servers connect from the bind address."""
+        address = ipaddress.ip_address(self.settings.host)
+        if address.is_loopback:
+            return
+        hba = self.data_dir / "pg_hba.conf"
+        line = f"host all all {address}/{address.max_prefixlen} scram-sha-256"
+        text = hba.read_text()
+        if line not in text.splitlines():
+            write_text(hba, text.rstrip("\n") + f"\n# the stack's own servers, on its bind address\n{line}\n")
+            os.chmod(hba, 0o600)
+            self._own(hba)
+
     def start(self) -> int:
         bins = bin_dir()
         self._check_reachable()
@@ -83,6 +100,7 @@ class Postgres(Service):
         os.chmod(self.settings.path("postgres"), 0o755)
         if not (self.data_dir / "PG_VERSION").is_file():
             self._initdb(bins)
+        self._admit_bind_address()
         self.socket_dir.mkdir(parents=True, exist_ok=True)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         self.log_file.touch()

@@ -10,14 +10,28 @@ model's weights (``transformer.trainer.TrainConfig``); ``tokenizer.model_from`` 
 stores with the tokenizer those weights were trained with.
 
 Several devices: ``torchrun --nproc_per_node=N -m pipeline.stages.train`` (NCCL on GPUs,
-gloo on CPUs); rank 0 writes checkpoints, curves and the MLflow run.
+gloo on CPUs); rank 0 writes checkpoints, curves and the MLflow run. Several hosts (each with its
+own copy of the workspace): ``torchrun --nnodes=2 --rdzv-backend=c10d ...``, see docs/two_hosts.md.
+A rerun resumes every rank from the newest checkpoint of any host (``Trainer.resume``).
+
+A lost peer ends training with a one-line error, not a hang: a process that dies closes its
+connections and the others stop at once; a peer that goes silent (a host powered off, a network
+cut) counts as lost after ``TRAIN_DIST_TIMEOUT_S`` seconds (default 300) without an answer. That
+is an environment variable, not a params.yaml key, because it changes nothing in what is trained.
+It must exceed the longest time rank 0 works alone while the others wait in their next
+all-reduce: validation and writing a checkpoint (gloo's own default, 30 minutes, would leave a
+host hanging that long).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import re
+import sys
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -34,13 +48,49 @@ from transformer.model import Transformer
 from transformer.trainer import Trainer, TrainerCallback, list_checkpoints
 
 TRACKED_SECTIONS = ("data", "tokenizer", "model", "train", "tracking")
+DIST_TIMEOUT_ENV = "TRAIN_DIST_TIMEOUT_S"
+DEFAULT_DIST_TIMEOUT_S = 300.0
+# How gloo and NCCL word a peer that died or went silent (any other error of theirs is no lost peer).
+PEER_FAILURE = re.compile(r"connection (reset|closed|refused)|closed by peer|broken pipe|timed out|timeout|"
+                          r"read error|write error|remote process exited", re.IGNORECASE)
+
+
+def dist_timeout() -> float:
+    """Seconds without an answer after which a peer counts as lost (``TRAIN_DIST_TIMEOUT_S``)."""
+    text = os.environ.get(DIST_TIMEOUT_ENV, "")
+    try:
+        seconds = float(text) if text.strip() else DEFAULT_DIST_TIMEOUT_S
+    except ValueError:
+        seconds = -1.0
+    if not (seconds > 0 and math.isfinite(seconds)):   # timedelta refuses inf
+        raise ParamsError(f"{DIST_TIMEOUT_ENV}={text!r}: expected a positive number of seconds")
+    return seconds
 
 
 def init_distributed() -> int:
     """Join the process group torchrun describes (WORLD_SIZE > 1); returns this process's rank."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo",
+                                timeout=timedelta(seconds=dist_timeout()))
     return dist.get_rank() if dist.is_initialized() else 0
+
+
+def lost_peer(err: BaseException) -> str:
+    """One line for a collective that failed because a peer died or went silent ("" for any other
+    error). gloo's message names the peer's address, the source file of gloo that raised it and a
+    paragraph of advice; this keeps the address and the reason, and says what to do."""
+    text = str(err)
+    collective = isinstance(err, dist.DistError) or "gloo" in text or "NCCL" in text
+    if not (dist.is_initialized() and collective and PEER_FAILURE.search(text)):
+        return ""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    reason = re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", text.strip().splitlines()[0])
+    reason = reason.split(". This is typically caused by")[0].strip().rstrip(".")
+    who = f"rank {1 - rank}" if world == 2 else "another rank"   # of two, the lost one is the other
+    how = (f"no answer for {DIST_TIMEOUT_ENV}={dist_timeout():g} s" if re.search("timed out|timeout", reason, re.I)
+           else "its process or host stopped")
+    return (f"rank {rank} of {world} lost {who} ({how}): {reason}; rerun the same command on every host "
+            "to resume from the newest checkpoint")
 
 
 def open_store(split: str) -> TokenStore:
@@ -78,13 +128,18 @@ def train(callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
     mlflow_cb = MlflowCallback(params.tracking.experiment, tracked, derived, tags)
     if rank == 0:
         trainer.callbacks += [curves, mlflow_cb]
-    restored = trainer.resume(on_change="restart")
+    try:
+        restored = trainer.resume(on_change="restart")
+    except ValueError as err:   # hosts with other params or data than rank 0's
+        raise ParamsError(str(err)) from None
     if restored is not None:
-        curves.restore(restored)
-        # The run that wrote these checkpoints, found by their content (links.find_run).
-        mlflow_cb.restore(reversed(list_checkpoints(paths.CHECKPOINT_DIR)), history=curves.history(),
-                          fingerprint=trainer.fingerprint())
-        print(f"resuming from step {trainer.step} (epoch {trainer.epoch})", flush=True)
+        if rank == 0:   # the other ranks keep no curves and no MLflow run
+            curves.restore(restored)
+            # The run that wrote these checkpoints, found by their content (links.find_run).
+            mlflow_cb.restore(reversed(list_checkpoints(paths.CHECKPOINT_DIR)), history=curves.history(),
+                              fingerprint=trainer.fingerprint())
+        source = f" from {trainer.resumed_from}" if trainer.world_size > 1 else ""
+        print(f"resuming from step {trainer.step} (epoch {trainer.epoch}){source}", flush=True)
     elif params.train.init_from:
         print(f"initialised from {params.train.init_from} (sha256 {trainer.init_sha256[:12]}): fine-tuning with a "
               "fresh optimiser and learning-rate schedule", flush=True)
@@ -99,7 +154,7 @@ def train(callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
                "parameters": model.num_parameters(), **{k.replace("/", "_"): v for k, v in valid.items()}}
     if rank == 0:
         write_json(paths.TRAIN_METRICS, summary)
-        print(f"trained {trainer.step} steps in {time.monotonic() - start:.0f} s: {summary}", flush=True)
+        print(f"trained {trainer.step} steps in {time.monotonic() - start:.1f} s: {summary}", flush=True)
     if dist.is_initialized():
         dist.destroy_process_group()
     return summary
@@ -107,7 +162,15 @@ def train(callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
 
 def main() -> None:
     argparse.ArgumentParser(description=__doc__).parse_args()
-    train()
+    try:
+        train()
+    except RuntimeError as err:
+        message = lost_peer(err)
+        if not message:
+            raise
+        # Exit without destroying the process group: that would wait on the lost peer again.
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

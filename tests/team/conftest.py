@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,10 +56,11 @@ def free_port_base(host: str = "127.0.0.1") -> int:
 class Stack:
     directory: Path
     port_base: int
+    host: str = "127.0.0.1"
 
     @property
     def settings(self) -> StackSettings:
-        return StackSettings(directory=self.directory, port_base=self.port_base)
+        return StackSettings(directory=self.directory, host=self.host, port_base=self.port_base)
 
     @property
     def client_env(self) -> dict[str, str]:
@@ -76,17 +78,30 @@ def stack_cli_env() -> dict[str, str]:
     return env
 
 
-def start_stack(directory: Path, port_base: int) -> Stack:
-    stack = Stack(directory, port_base)
-    result = subprocess.run([PYTHON, "-m", "pipeline.stack", "start", "--dir", str(directory),
+def start_stack(directory: Path, port_base: int, host: str = "127.0.0.1") -> Stack:
+    stack = Stack(directory, port_base, host)
+    result = subprocess.run([PYTHON, "-m", "pipeline.stack", "start", "--dir", str(directory), "--host", host,
                              "--port-base", str(port_base)], cwd=tempfile.gettempdir(), env=stack_cli_env(),
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     return stack
 
 
-@pytest.fixture(scope="session")
-def stack() -> Iterator[Stack]:
+def skip_without_second_hosts() -> None:
+    """Skip (with the reason) where network namespaces cannot be made or the Multi30k mirror is missing."""
+    from ..pipeline.conftest import MIRROR
+    from .hosts import unavailable
+
+    reason = unavailable()
+    if reason:
+        pytest.skip(reason)
+    if not (MIRROR / "data/task1/raw/train.en.gz").is_file():
+        pytest.skip(f"the Multi30k mirror is not at {MIRROR}")
+
+
+@contextmanager
+def running_stack(host: str = "127.0.0.1") -> Iterator[Stack]:
+    """A stack of its own binding ``host``, stopped by its own command at the end."""
     missing = postgres_missing()
     if missing:
         if os.environ.get("STACK_TESTS_REQUIRED") == "1":
@@ -97,10 +112,16 @@ def stack() -> Iterator[Stack]:
     os.chmod(directory, 0o755)
     started = None
     try:
-        started = start_stack(directory / "stack", free_port_base())
+        started = start_stack(directory / "stack", free_port_base(host), host)
         yield started
     finally:
         if started is not None:
             stopped = started.cli("stop")
             assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def stack() -> Iterator[Stack]:
+    with running_stack() as started:
+        yield started

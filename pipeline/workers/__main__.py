@@ -1,0 +1,83 @@
+"""``python -m pipeline.workers deploy``: deploy the retraining flow to a work pool, its code pinned
+to a commit of the repository the workers clone. Run in a clone of that repository, with the team's
+env file sourced (``PREFECT_API_URL`` and its auth); the schedule is params.yaml's ``flows`` section.
+
+    python -m pipeline.workers deploy --repository git://team-server/translator.git --pool gpu
+    prefect worker start --pool gpu      # on each worker host: see docs/team.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+
+class DeployError(ValueError):
+    pass
+
+
+def _git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], capture_output=True, text=True)
+
+
+def resolve_commit(ref: str) -> str:
+    proc = _git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
+    if proc.returncode != 0:
+        raise DeployError(f"--commit: {ref!r} is not a commit of this clone")
+    return proc.stdout.strip()
+
+
+def check_pushed(repository: str, commit: str) -> None:
+    """The workers fetch ``repository``: the commit must be on one of its branches or tags."""
+    proc = _git("ls-remote", repository)
+    if proc.returncode != 0:
+        raise DeployError(f"--repository: git ls-remote {repository} failed: {proc.stderr.strip()}")
+    tips = {line.split()[0] for line in proc.stdout.splitlines() if line.strip()}
+    if commit in tips:
+        return
+    for tip in tips:
+        if _git("merge-base", "--is-ancestor", commit, tip).returncode == 0:
+            return
+    raise DeployError(f"--commit {commit[:12]} is on no branch or tag of {repository} known here: push it "
+                      "first (and fetch, if it was pushed from elsewhere)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.workers", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    deploy = commands.add_parser("deploy", help="create or update the team-retraining deployment")
+    deploy.add_argument("--repository", required=True, help="git URL the workers clone (and push results to)")
+    deploy.add_argument("--commit", default="HEAD", help="the commit to pin (a ref of this clone; default HEAD)")
+    deploy.add_argument("--pool", required=True, help="the work pool (created as a process pool if missing)")
+    deploy.add_argument("--results-branch", default=None,
+                        help="branch the workers push dvc.lock to (default: retraining/results)")
+    deploy.add_argument("--paused", action="store_true", help="create it with its schedule paused")
+    deploy.add_argument("--params", type=Path, default=Path("params.yaml"), help="params file (flows section)")
+    args = parser.parse_args(argv)
+
+    from pipeline.params import ParamsError, load_params
+    from pipeline.workers.deploy import deploy as deploy_flow
+    from pipeline.workers.flow import DEFAULT_BRANCH
+    from pipeline.workers.results import ResultsError
+    from pipeline.workers.workspace import WorkspaceError
+
+    try:
+        flows = load_params(args.params).flows
+        commit = resolve_commit(args.commit)
+        check_pushed(args.repository, commit)
+        deployed = deploy_flow(args.repository, commit, args.pool, flows,
+                               results_branch=args.results_branch or DEFAULT_BRANCH, paused=args.paused)
+    except (ParamsError, DeployError, WorkspaceError, ResultsError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"deployment {deployed.name} ({deployed.deployment_id}) in pool {deployed.pool!r}: commit {commit}, "
+          f"schedule {flows.schedule_cron!r} ({flows.schedule_timezone}), one run at a time", flush=True)
+    print(f"run it now: prefect deployment run '{deployed.name}'", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
