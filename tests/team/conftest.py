@@ -94,6 +94,8 @@ def skip_without_second_hosts() -> None:
 
     reason = unavailable()
     if reason:
+        if os.environ.get("STACK_TESTS_REQUIRED") == "1":
+            pytest.fail(f"STACK_TESTS_REQUIRED=1 but {reason}")
         pytest.skip(reason)
     if not (MIRROR / "data/task1/raw/train.en.gz").is_file():
         pytest.skip(f"the Multi30k mirror is not at {MIRROR}")
