@@ -71,6 +71,17 @@ def runs_table(experiment: str, metric: str = RANK_METRIC,
     return table.reset_index(drop=True), [c[len("params."):] for c in differing]
 
 
+# Columns of text that look like numbers to tabulate: a run id such as "02608e68" would print as
+# 2.608e+71 and "00012345" as 12345.
+TEXT_COLUMNS = ("run", "name", "status")
+
+
+def markdown_table(table: pd.DataFrame) -> str:
+    """The table in markdown, its text columns printed verbatim (numbers still aligned and parsed)."""
+    verbatim = [i for i, col in enumerate(table.columns) if col in TEXT_COLUMNS]
+    return table.to_markdown(index=False, disable_numparse=verbatim)
+
+
 def check_metric(metric: str) -> None:
     """Only development data ranks: a test set's metric is refused."""
     if metric.startswith("test/"):
@@ -128,7 +139,7 @@ def main() -> None:
     header = (f"# Runs of {experiment}, ranked by {args.metric} (validation); runs without it last\n\n"
               f"The column `{ranking_column(args.metric)}` ranks. Test scores are shown, never used to rank.\n\n"
               f"Params that differ between runs: {', '.join(differing) if differing else 'none'}\n\n")
-    markdown = header + table.to_markdown(index=False) + "\n"
+    markdown = header + markdown_table(table) + "\n"
     print(markdown)
     full_ids = mlflow.search_runs(experiment_names=[experiment], max_results=10_000)["run_id"].tolist()
     by_prefix = {r[:8]: r for r in full_ids}

@@ -4,6 +4,7 @@ params that differ between them."""
 import math
 import sys
 
+import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -62,3 +63,13 @@ def test_validation_bleu_ranks_and_test_bleu_never_does(store):
 def test_a_test_metric_is_refused_as_the_ranking(store):
     with pytest.raises(ValueError, match="test sets are reported, never used to rank"):
         compare.runs_table("ranking", "test/t1/bleu")
+
+
+def test_run_ids_and_names_that_look_like_numbers_print_verbatim():
+    # MLflow's run ids are hex: "02608e68" is also a float to tabulate (2.608e+71), "00012345" an int.
+    table = pd.DataFrame({"run": ["02608e68", "00012345"], "name": ["1e5", "007"], "status": ["FINISHED"] * 2,
+                          "valid_bleu (ranks)": [12.5, float("nan")], "train.lr_scale": ["0.6", "1.0"]})
+    header, rows = markdown_rows(compare.markdown_table(table))
+    assert [row[:3] for row in rows] == [["02608e68", "1e5", "FINISHED"], ["00012345", "007", "FINISHED"]]
+    assert [row[header.index("valid_bleu (ranks)")] for row in rows] == ["12.5", "nan"]
+    assert [row[header.index("train.lr_scale")] for row in rows] == ["0.6", "1"]
