@@ -7,9 +7,8 @@ import sys
 import time
 from typing import Any
 
-from pipeline import paths
-from pipeline.params import ParamsError, load_params, run_stage
-from pipeline.tracking import links, runs
+from pipeline import paths, tracking
+from pipeline.params import Params, ParamsError, load_params, run_stage
 from transformer.checkpoint import average_checkpoints, file_sha256, save_checkpoint
 from transformer.trainer import list_checkpoints
 
@@ -28,23 +27,32 @@ def average(last_n: int) -> dict[str, Any]:
     return average_checkpoints(checkpoints[-last_n:])
 
 
-def main() -> None:
-    argparse.ArgumentParser(description=__doc__).parse_args()
-    params = load_params()
-    start = time.monotonic()
-    averaged = average(params.average.last_n)
+def record(params: Params, averaged: dict[str, Any], seconds: float) -> None:
+    """Log the averaging into the training run (or a child run when ``average`` params changed) and
+    link that run to the averaged model's sha256, where tune and evaluate find it."""
+    from pipeline.tracking import links, runs
+
     section = {k: v for k, v in params.flat().items() if k.startswith("average.")}
     # The training run: the one that tagged the newest averaged checkpoint as its own.
     training_run = links.find_run(links.LINK_CHECKPOINT, file_sha256(averaged["averaged_from"][-1]),
-                                     params.tracking.experiment)
+                                  params.tracking.experiment)
     run_id = runs.stage_run(training_run, params.tracking.experiment, section, "average")
-    save_checkpoint(paths.AVERAGED_MODEL, averaged)
-    # The run that tune and evaluate log into (the training run or its child), found by the model's content.
     links.link_run(run_id, links.LINK_MODEL, file_sha256(paths.AVERAGED_MODEL))
+    runs.log_metrics(run_id, {"time/average_seconds": seconds,
+                              "average/checkpoints_used": len(averaged["averaged_from"])})
+
+
+def main() -> None:
+    argparse.ArgumentParser(description=__doc__).parse_args()
+    params = load_params()
+    record_run = tracking.enabled()
+    start = time.monotonic()
+    averaged = average(params.average.last_n)
+    save_checkpoint(paths.AVERAGED_MODEL, averaged)
     print(f"averaged {len(averaged['averaged_from'])} checkpoint(s) into {paths.AVERAGED_MODEL}: "
           f"{', '.join(averaged['averaged_from'])}")
-    runs.log_metrics(run_id, {"time/average_seconds": time.monotonic() - start,
-                                  "average/checkpoints_used": len(averaged["averaged_from"])})
+    if record_run:
+        record(params, averaged, time.monotonic() - start)
 
 
 if __name__ == "__main__":

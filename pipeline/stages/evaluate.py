@@ -20,14 +20,13 @@ from typing import Any
 import sacrebleu
 import torch
 
-from pipeline import paths
+from pipeline import paths, tracking
 from pipeline.attention_plots import plot_attention
 from pipeline.paper_bleu import bleu_tok_compound_split
 from pipeline.params import Decoding, Params, ParamsError, decoding_settings, load_params, run_stage
 from pipeline.serving.decoding import DecodingConfig
 from pipeline.serving.translator import Translator, load_translator
 from pipeline.text_files import read_lines
-from pipeline.tracking import links, runs, store
 from transformer.atomic import write_json, write_lines
 from transformer.checkpoint import file_sha256, load_checkpoint
 from transformer.search import attention_weights
@@ -134,6 +133,7 @@ def tuned_translations(params: Params, decoding: Decoding, sentences: int, model
 
 
 def evaluate(params: Params) -> dict[str, Any]:
+    record_run = tracking.enabled()
     start_all = time.monotonic()
     data, e = params.data, params.evaluate
     checkpoint = load_averaged()
@@ -185,24 +185,26 @@ def evaluate(params: Params) -> dict[str, Any]:
     metrics[DECODING] = {**decoding.as_dict(), "max_len_b": e.max_len_b, "precision": e.precision}
     write_json(paths.METRICS, metrics)
 
+    if record_run:
+        track(params, metrics, decoding, time.monotonic() - start_all, model_sha256, decode_seconds)
+    return metrics
+
+
+def track(params: Params, metrics: dict[str, Any], decoding: Decoding, seconds: float, model_sha256: str,
+          decode_seconds: dict[str, float] | None = None) -> None:
+    """Log scores, the decoding settings (tags), attention maps, translations and the registered
+    pyfunc model (whose signature carries the beam size and alpha used) into the run that the tune
+    stage logged into (the model's, or its child), else the model's own run."""
+    from mlflow.entities import RunTag
+
+    from pipeline.serving.mlflow_model import log_translator
+    from pipeline.tracking import links, runs, store
+
     experiment = params.tracking.experiment
-    # The run the tune stage logged into (the model's, or its child), else the model's own run.
     run_id = None
     if tune_record().get("model_sha256") == model_sha256:
         run_id = links.find_run(links.LINK_TUNED, model_sha256, experiment)
     run_id = run_id or links.find_run(links.LINK_MODEL, model_sha256, experiment)
-    track(params, metrics, decoding, time.monotonic() - start_all, run_id, decode_seconds)
-    return metrics
-
-
-def track(params: Params, metrics: dict[str, Any], decoding: Decoding, seconds: float, run_id: str | None,
-          decode_seconds: dict[str, float] | None = None) -> None:
-    """Log scores, the decoding settings (tags), attention maps, translations and the registered
-    pyfunc model (whose signature carries the beam size and alpha used) into the run."""
-    from mlflow.entities import RunTag
-
-    from pipeline.serving.mlflow_model import log_translator
-
     section = {k: v for k, v in params.flat().items() if k.startswith("evaluate.")}
     run_id = runs.stage_run(run_id, params.tracking.experiment, section, "evaluate")
     if run_id is None:

@@ -32,20 +32,22 @@ import re
 import sys
 import time
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-from pipeline import paths
+from pipeline import paths, tracking
 from pipeline.curves import CurveWriter
 from pipeline.data.spec import DataError
-from pipeline.params import ParamsError, load_params, run_stage
-from pipeline.tracking.callback import MlflowCallback
-from pipeline.tracking.tags import run_tags
+from pipeline.params import Params, ParamsError, load_params, run_stage
 from transformer.atomic import write_json
 from transformer.data import TokenStore
 from transformer.model import Transformer
 from transformer.trainer import Trainer, TrainerCallback, list_checkpoints
+
+if TYPE_CHECKING:
+    from pipeline.tracking.callback import MlflowCallback
 
 TRACKED_SECTIONS = ("data", "tokenizer", "model", "train", "tracking")
 DIST_TIMEOUT_ENV = "TRAIN_DIST_TIMEOUT_S"
@@ -105,8 +107,22 @@ def open_store(split: str) -> TokenStore:
                         "run the tokenizer stage again (dvc repro -f tokenizer)") from None
 
 
+def mlflow_callback(params: Params, trainer: Trainer, tracked: dict[str, object],
+                    derived: dict[str, object]) -> MlflowCallback:
+    """The trainer's MLflow hooks: one run per training, tagged with the data, device and starting
+    weights. Imported here, so that with tracking off (``PIPELINE_TRACKING=off``) MLflow never is."""
+    from pipeline.tracking.callback import MlflowCallback
+    from pipeline.tracking.tags import run_tags
+
+    tags = run_tags(params.data.dataset, params.data.pair, str(trainer.device))
+    if trainer.init_sha256:
+        tags["train.init_sha256"] = trainer.init_sha256   # the starting weights' identity, beside train.init_from
+    return MlflowCallback(params.tracking.experiment, tracked, derived, tags)
+
+
 def train(callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
     params = load_params()
+    record = tracking.enabled()   # a bad PIPELINE_TRACKING stops here, before any work
     rank = init_distributed()
     train_data = open_store("train")
     valid_data = open_store(params.data.valid_set)
@@ -122,19 +138,18 @@ def train(callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
                           checkpoint_dir=paths.CHECKPOINT_DIR, callbacks=list(callbacks or []))
     except ValueError as err:
         raise ParamsError(f"params.yaml: {err}") from None
-    tags = run_tags(params.data.dataset, params.data.pair, str(trainer.device))
-    if trainer.init_sha256:
-        tags["train.init_sha256"] = trainer.init_sha256   # the starting weights' identity, beside train.init_from
-    mlflow_cb = MlflowCallback(params.tracking.experiment, tracked, derived, tags)
+    # Rank 0 keeps the curves and the MLflow run; the other ranks neither.
+    mlflow_cb = mlflow_callback(params, trainer, tracked, derived) if rank == 0 and record else None
     if rank == 0:
-        trainer.callbacks += [curves, mlflow_cb]
+        trainer.callbacks += [curves] + ([mlflow_cb] if mlflow_cb is not None else [])
     try:
         restored = trainer.resume(on_change="restart")
     except ValueError as err:   # hosts with other params or data than rank 0's
         raise ParamsError(str(err)) from None
     if restored is not None:
-        if rank == 0:   # the other ranks keep no curves and no MLflow run
+        if rank == 0:
             curves.restore(restored)
+        if mlflow_cb is not None:
             # The run that wrote these checkpoints, found by their content (links.find_run).
             mlflow_cb.restore(reversed(list_checkpoints(paths.CHECKPOINT_DIR)), history=curves.history(),
                               fingerprint=trainer.fingerprint())

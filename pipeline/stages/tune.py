@@ -22,12 +22,11 @@ import argparse
 import time
 from typing import Any
 
-from pipeline import paths
+from pipeline import paths, tracking
 from pipeline.params import TUNE_REPORT, Params, TuneParams, load_params, run_stage
 from pipeline.serving.translator import Translator
 from pipeline.stages.evaluate import TUNE_DIR, TUNE_RUN, build_translator, load_averaged, score, split_files
 from pipeline.text_files import read_lines
-from pipeline.tracking import links, runs
 from transformer.atomic import write_json, write_lines
 from transformer.checkpoint import file_sha256
 
@@ -66,6 +65,7 @@ def search(translator: Translator, sources: list[str], references: list[str],
 
 
 def tune(params: Params) -> dict[str, Any]:
+    record_run = tracking.enabled()
     start_all = time.monotonic()
     data, e, t = params.data, params.evaluate, params.tune
     checkpoint = load_averaged()
@@ -87,22 +87,32 @@ def tune(params: Params) -> dict[str, Any]:
               "signature": signature, "grid": points}
     write_lines(TUNE_DIR / f"{data.valid_set}.{data.tgt_lang}", best)
 
-    section = {k: v for k, v in params.flat().items() if k.startswith("tune.")}
-    section.update({"tune.chosen_beam_size": chosen["beam_size"], "tune.chosen_alpha": chosen["alpha"]})
     model_sha256 = file_sha256(paths.AVERAGED_MODEL)
-    model_run = links.find_run(links.LINK_MODEL, model_sha256, params.tracking.experiment)
-    run_id = runs.stage_run(model_run, params.tracking.experiment, section, "tune")
     write_json(TUNE_REPORT, report)
     write_json(TUNE_RUN, {"model_sha256": model_sha256, "valid_set": data.valid_set, "sentences": len(sources),
                           "beam_size": chosen["beam_size"], "alpha": chosen["alpha"], "max_len_b": e.max_len_b,
                           "batch_sentences": e.batch_sentences, "precision": e.precision})
     print(f"chosen: beam {chosen['beam_size']}, alpha {chosen['alpha']:g} (BLEU {chosen['bleu']:.2f} on "
           f"{data.valid_set}; {RULE}) in {seconds:.0f} s", flush=True)
+    if record_run:
+        record(params, chosen, report, model_sha256, seconds, times)
+    return report
+
+
+def record(params: Params, chosen: dict[str, Any], report: dict[str, Any], model_sha256: str, seconds: float,
+           times: list[float]) -> None:
+    """Log the grid and the choice into the model's run (a child run when ``tune`` params changed), and
+    tag it as the run that evaluate logs into."""
+    from pipeline.tracking import links, runs
+
+    section = {k: v for k, v in params.flat().items() if k.startswith("tune.")}
+    section.update({"tune.chosen_beam_size": chosen["beam_size"], "tune.chosen_alpha": chosen["alpha"]})
+    model_run = links.find_run(links.LINK_MODEL, model_sha256, params.tracking.experiment)
+    run_id = runs.stage_run(model_run, params.tracking.experiment, section, "tune")
     links.link_run(run_id, links.LINK_TUNED, model_sha256)   # evaluate logs into the same run
     runs.log_tune(run_id, report, TUNE_REPORT, seconds, times)
     if run_id and run_id != model_run:
         runs.finish_run(run_id)   # a child run of its own (tune params changed); evaluate logs into it too
-    return report
 
 
 def main() -> None:

@@ -11,5 +11,29 @@ concern, so that a stage imports (and DVC reruns it for) only what it uses:
 - ``model_card``: what a registered version says about itself;
 - ``preflight``: before any stage runs, a tracking server's answer to the credentials given.
 
-Imports nothing itself.
+Imports none of them (nor MLflow) itself: ``enabled()`` tells a stage whether to record at all.
 """
+
+from __future__ import annotations
+
+import os
+
+TRACKING_ENV = "PIPELINE_TRACKING"
+_OFF, _ON = ("0", "off", "false", "no"), ("", "1", "on", "true", "yes")
+
+
+def enabled() -> bool:
+    """Whether the stages record their runs in MLflow: yes unless ``PIPELINE_TRACKING`` is off.
+
+    Off (``PIPELINE_TRACKING=off``), the stages do their work and write their outputs, byte for byte
+    the same, without importing MLflow: for machines without it (a GPU box that only trains and
+    measures) or a run nobody wants on record. A value other than on/off stops the stage (exit 2).
+    """
+    value = os.environ.get(TRACKING_ENV, "").strip().lower()
+    if value in _OFF:
+        return False
+    if value in _ON:
+        return True
+    from pipeline.params import ParamsError  # only for the message: params is every stage's already
+
+    raise ParamsError(f"{TRACKING_ENV}={value!r}: expected on or off (1/0, true/false, yes/no)")
