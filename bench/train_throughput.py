@@ -8,7 +8,13 @@ Both train the same shape on the same synthetic batches, in interleaved rounds:
   on Multi30k-like batches of 4096 padded tokens (about 14 source and 15 target pieces a sentence);
 - ``--preset base`` (Table 3: d_model 512, 6+6 layers, 8 heads, d_ff 2048, 37000 shared BPE
   vocabulary as for WMT En-De, §5.1) on WMT-like batches of ~25000 padded tokens (§5.1; sentences
-  about twice Multi30k's, ~27 pieces).
+  about twice Multi30k's, ~27 pieces);
+- ``--preset big`` (Table 3: d_model 1024, 16 heads, d_ff 4096, dropout 0.3) on the same batches.
+
+``--token-store DIR`` cuts the batches from a real token store (the tokenizer stage's
+``data/tokens/train``, e.g. of a WMT14-shaped corpus) with the trainer's own sampler and collate,
+cycled when a run needs more batches than the store holds; the vocabulary is then the store's.
+Otherwise the batches are synthetic, with the preset's length profile.
 
 On CPU the reference runs in fp32 eager; on CUDA with the same autocast as ours (bf16 by default),
 and with ``--compile`` both models are compiled there (on CPU only ours, as before).
@@ -16,11 +22,14 @@ and with ``--compile`` both models are compiled there (on CPU only ours, as befo
 MFU (model FLOPs utilisation) = the matrix-product FLOPs of each step (``step_flops``) per second,
 over the device's dense peak: on CUDA the data-sheet bf16 peak of the GPU (``GPU_PEAK_TFLOPS``,
 measured when the GPU is not in the table), on CPU the matrix-product peak measured in the same
-run (in every round, the best kept) in the training precision. The last lines are ``mfu=<ours>`` and
-``ratio=<ours / reference>`` of the median target tokens per second.
+run (in every round, the best kept) in the training precision. On CUDA the bf16 peak is also
+measured in the same run (an 8192^3 product) and MFU printed against both; with it the peak GPU
+memory of each model's training. The last lines are ``mfu=<ours>`` and ``ratio=<ours / reference>``
+of the median target tokens per second (``--no-reference``: no reference, no ratio).
 
     python bench/train_throughput.py [--steps 20] [--rounds 5] [--precision auto] [--compile]
-                                     [--device cpu|cuda] [--preset default|small|base] [--max-tokens N]
+                                     [--device cpu|cuda] [--preset default|small|base|big] [--max-tokens N]
+                                     [--token-store DIR] [--no-reference] [--d-model N --layers N ...]
 
 ``--precision auto`` (default) is what ``train.precision: auto`` resolves to on the device: bf16
 where it has fast bf16 products (AVX512-BF16/AMX CPU, GPU), else fp32.
@@ -29,6 +38,7 @@ where it has fast bf16 products (AVX512-BF16/AMX CPU, GPU), else fp32.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import re
 import statistics
@@ -41,7 +51,7 @@ import torch
 from torch import nn
 
 from transformer import PAD_ID, Transformer, build_config
-from transformer.data import Batch, TokenBatchSampler
+from transformer.data import Batch, TokenBatchSampler, TokenStore, collate
 from transformer.loss import label_smoothed_cross_entropy
 from transformer.precision import autocast, resolve_precision
 from transformer.schedule import make_optimizer, make_scheduler
@@ -81,6 +91,7 @@ def params_shape(path: Path = PARAMS) -> Shape:
 SHAPES = {
     "small": Shape("small", 8000, 256, 4, 1024, 3, 4096, 14.0, 4000),
     "base": Shape("base", 37000, 512, 8, 2048, 6, 25000, 27.0, 80000),
+    "big": Shape("big", 37000, 1024, 16, 4096, 6, 25000, 27.0, 80000, dropout=0.3),
 }
 SMALL = SHAPES["small"]
 CPU = torch.device("cpu")
@@ -118,6 +129,13 @@ def synthetic_batches(n_pairs: int, max_tokens: int, seed: int = 0, mean_len: fl
         tgt[torch.arange(t + 1)[None, :] > torch.from_numpy(tgt_len[idx])[:, None] + 1] = PAD_ID
         batches.append(Batch(src, tgt[:, :-1], tgt[:, 1:]))
     return batches
+
+
+def store_batches(path: Path, max_tokens: int, seed: int = 0) -> list[Batch]:
+    """One epoch of the trainer's batches (``TokenBatchSampler``, ``collate``) of the token store at ``path``."""
+    store = TokenStore(path)
+    sampler = TokenBatchSampler(store.lengths["src"], store.lengths["tgt"], max_tokens, seed=seed)
+    return [collate(store, idx) for idx in sampler.batches(0)]
 
 
 def step_flops(src_len: int, tgt_len: int, rows: int, shape: Shape) -> int:
@@ -176,6 +194,11 @@ def prepare(batches: list[Batch], shape: Shape, device: torch.device) -> list[Wo
             for b in batches]
 
 
+def peak_memory(device: torch.device) -> int:
+    """Bytes: the most the caching allocator held for tensors since the last reset (0 off CUDA)."""
+    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -184,6 +207,8 @@ def _sync(device: torch.device) -> None:
 def throughput(model: nn.Module, work: list[Work], precision: str, steps: int, warmup: int, fused: bool,
                d_model: int = D_MODEL, device: torch.device = CPU) -> tuple[float, float]:
     """(target tokens per second, matrix-product FLOP/s) over ``steps`` updates after ``warmup`` untimed ones."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     opt = make_optimizer(model.parameters(), fused=fused)
     sched = make_scheduler(opt, d_model, 4000)
     model.train()
@@ -270,18 +295,33 @@ def main() -> None:
     parser.add_argument("--preset", default="default", choices=["default", *sorted(SHAPES)],
                         help="default: params.yaml's model and train.max_tokens")
     parser.add_argument("--max-tokens", type=int, default=None,
-                        help="padded tokens per batch (default: params.yaml's; 4096 small, 25000 base)")
+                        help="padded tokens per batch (default: params.yaml's; 4096 small, 25000 base and big)")
+    parser.add_argument("--token-store", type=Path, default=None,
+                        help="cut the batches from this token store (its vocabulary replaces the preset's)")
+    parser.add_argument("--no-reference", dest="reference", action="store_false",
+                        help="time ours only (no torch.nn.Transformer, no ratio)")
+    for name in ("d_model", "heads", "d_ff", "layers"):   # a smaller shape of the preset (rehearsals)
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help=f"override the preset's {name}")
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda, but no GPU is visible")
     shape = params_shape() if args.preset == "default" else SHAPES[args.preset]
+    shape = dataclasses.replace(shape, **{k: getattr(args, k) for k in ("d_model", "heads", "d_ff", "layers")
+                                          if getattr(args, k) is not None})
     args.precision = resolve_precision(args.precision, device)
     torch.manual_seed(0)
-    batches = synthetic_batches(shape.n_pairs, args.max_tokens or shape.max_tokens, mean_len=shape.mean_len,
-                                vocab=shape.vocab)
+    max_tokens = args.max_tokens or shape.max_tokens
+    if args.token_store is not None:
+        batches = store_batches(args.token_store, max_tokens)
+        shape = dataclasses.replace(shape, vocab=TokenStore(args.token_store).vocab_size)
+        pairs = sum(b.src.size(0) for b in batches)
+        print(f"batches: {len(batches)} from the token store {args.token_store} ({pairs:,} pairs, vocabulary "
+              f"{shape.vocab}), cycled", flush=True)
+    else:
+        batches = synthetic_batches(shape.n_pairs, max_tokens, mean_len=shape.mean_len, vocab=shape.vocab)
     work = prepare(batches, shape, device)
-    reference: nn.Module = Reference(shape).to(device)
+    reference: nn.Module | None = Reference(shape).to(device) if args.reference else None
     config = build_config(shape.preset, shape.vocab, d_model=shape.d_model, n_heads=shape.heads, d_ff=shape.d_ff,
                           n_encoder_layers=shape.layers, n_decoder_layers=shape.layers, dropout=shape.dropout)
     model: nn.Module = Transformer(config).to(device)
@@ -289,7 +329,7 @@ def main() -> None:
     on_gpu = device.type == "cuda"
     ref_precision = args.precision if on_gpu else "fp32"
     if args.compile:
-        for name in ("ours", "reference") if on_gpu else ("ours",):
+        for name in ("ours", "reference") if on_gpu and reference is not None else ("ours",):
             t0 = time.perf_counter()
             module = torch.compile(model if name == "ours" else reference, dynamic=True)
             throughput(module, work, args.precision if name == "ours" else ref_precision, 1, 2,
@@ -300,28 +340,39 @@ def main() -> None:
     # spell of a shared machine during one measurement would otherwise lower the peak and raise MFU.
     peak_dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
     refs, ours, peaks = [], [], []
+    memory = {"reference": 0, "ours": 0}
     for r in range(args.rounds):
         window = work[r * args.steps:] + work[:r * args.steps]  # the same batches for both models
-        refs.append(throughput(reference, window, ref_precision, args.steps, args.warmup, fused=False,
-                               d_model=shape.d_model, device=device))
+        if reference is not None:
+            refs.append(throughput(reference, window, ref_precision, args.steps, args.warmup, fused=False,
+                                   d_model=shape.d_model, device=device))
+            memory["reference"] = max(memory["reference"], peak_memory(device))
         ours.append(throughput(model, window, args.precision, args.steps, args.warmup, fused=True,
                                d_model=shape.d_model, device=device))
+        memory["ours"] = max(memory["ours"], peak_memory(device))
         if not on_gpu:
             peaks.append(measure_matmul_peak(device, peak_dtype, [(2048, 2048, 2048), (4096, 256, 1024)]))
-        print(f"round {r + 1}: reference {refs[-1][0]:,.0f}, ours {ours[-1][0]:,.0f} target tokens/s", flush=True)
+        ref_text = f"reference {refs[-1][0]:,.0f}, " if refs else ""
+        print(f"round {r + 1}: {ref_text}ours {ours[-1][0]:,.0f} target tokens/s", flush=True)
     if on_gpu:
         peak, peak_text = gpu_peak(device)
+        measured, how = measure_matmul_peak(device, torch.bfloat16, [(8192, 8192, 8192)])
+        print(f"bf16 matrix-product peak measured in this run: {how}")
+        print(f"peak GPU memory while training (torch.cuda.max_memory_allocated): ours "
+              f"{memory['ours'] / 2**30:.2f} GiB" + (f", reference {memory['reference'] / 2**30:.2f} GiB"
+                                                       if reference is not None else ""))
     else:
         peak, how = max(peaks)
         print(f"{args.precision} matrix-product peak, best of {args.rounds} rounds: {how}")
         peak_text = f"measured {args.precision} peak {_flops_text(peak, device)}"
-    ref, our = float(np.median([t for t, _ in refs])), float(np.median([t for t, _ in ours]))
-    ref_rate, our_rate = float(np.median([f for _, f in refs])), float(np.median([f for _, f in ours]))
-    mode = " compiled" if args.compile and on_gpu else " eager"
-    # The CPU peak is measured in our precision; the fp32 reference's rate is not a fraction of it.
-    ref_mfu = f", MFU {ref_rate / peak:.3f}" if ref_precision == args.precision else ""
-    print(f"reference torch.nn.Transformer {ref_precision}{mode}: {ref:,.0f} target tokens/s (median of "
-          f"{args.rounds}), {_flops_text(ref_rate, device)}{ref_mfu}")
+    our, our_rate = float(np.median([t for t, _ in ours])), float(np.median([f for _, f in ours]))
+    if refs:
+        ref, ref_rate = float(np.median([t for t, _ in refs])), float(np.median([f for _, f in refs]))
+        mode = " compiled" if args.compile and on_gpu else " eager"
+        # The CPU peak is measured in our precision; the fp32 reference's rate is not a fraction of it.
+        ref_mfu = f", MFU {ref_rate / peak:.3f}" if ref_precision == args.precision else ""
+        print(f"reference torch.nn.Transformer {ref_precision}{mode}: {ref:,.0f} target tokens/s (median of "
+              f"{args.rounds}), {_flops_text(ref_rate, device)}{ref_mfu}")
     attention = "fused SDPA on CUDA" if on_gpu else "explicit attention on CPU"
     label = f"{args.precision}{' compiled' if args.compile else ' eager'}, fused Adam, {attention}"
     print(f"transformer package {label}: {our:,.0f} target tokens/s (median of {args.rounds}), "
@@ -331,8 +382,12 @@ def main() -> None:
     if our_rate > peak:  # seen on an AVX2-only CPU, whose bf16 products run a slow shape-dependent fallback
         print(f"note: ours ran its products faster than the measured peak: this {args.precision} 'peak' is not "
               f"the device's, and MFU above 1 means nothing here")
+    if on_gpu:
+        print(f"mfu_measured_peak={our_rate / measured:.3f} (of the bf16 peak measured in this run, "
+              f"{_flops_text(measured, device)})")
     print(f"mfu={our_rate / peak:.3f} (of {peak_text})")
-    print(f"ratio={our / ref:.2f}")
+    if refs:
+        print(f"ratio={our / ref:.2f}")
 
 
 if __name__ == "__main__":

@@ -133,3 +133,15 @@ def test_torchrun_with_nccl_trains_and_resumes(tmp_path):
     assert resumed == whole
     assert_same_training_state(load_checkpoint(tmp_path / "whole" / "checkpoint_00000010.pt"),
                                load_checkpoint(tmp_path / "resumed" / "checkpoint_00000010.pt"))
+
+
+def test_resume_on_cuda(store, tmp_path):
+    """resume() loads the checkpoint onto the GPU, RNG states included; torch.set_rng_state
+    and torch.cuda.set_rng_state_all accept CPU byte tensors only."""
+    cfg = dict(device="cuda", checkpoint_every_steps=2)
+    Trainer(tiny_model(vocab_size=30), config(max_steps=2, **cfg), store, checkpoint_dir=tmp_path / "c").train()
+    trainer = Trainer(tiny_model(vocab_size=30), config(max_steps=4, **cfg), store, checkpoint_dir=tmp_path / "c")
+    trainer.resume()
+    assert trainer.step == 2
+    trainer.train()
+    assert trainer.step == 4

@@ -134,19 +134,6 @@ def test_resume_in_a_fresh_process_is_exact(tmp_path):
     assert not torch.equal(mid["output.weight"], a["model"]["output.weight"])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_resume_on_cuda(store, tmp_path):
-    """resume() loads the checkpoint onto the GPU, RNG states included; torch.set_rng_state
-    and torch.cuda.set_rng_state_all accept CPU byte tensors only."""
-    cfg = dict(device="cuda", checkpoint_every_steps=2)
-    Trainer(tiny_model(vocab_size=30), config(max_steps=2, **cfg), store, checkpoint_dir=tmp_path / "c").train()
-    trainer = Trainer(tiny_model(vocab_size=30), config(max_steps=4, **cfg), store, checkpoint_dir=tmp_path / "c")
-    trainer.resume()
-    assert trainer.step == 2
-    trainer.train()
-    assert trainer.step == 4
-
-
 # ------------------------------------------------------- checkpoints, limits
 def test_checkpoints_callbacks_and_logged_rate(store, tmp_path):
     recorder = Recorder()

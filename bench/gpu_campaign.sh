@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# The GPU campaign: the paper's job on the hardware it was written for, in two commands of under 10
+# minutes each on a GPU machine (one H100 here), every figure and log in one output folder.
+#
+#   bench/gpu_campaign.sh prepare                  # here, on the CPU, once: the carried folder .gpu/
+#   bench/gpu_campaign.sh 1 --out DIR              # GPU: tests/gpu, training throughput (base, eager and
+#                                                  #      compiled, against torch.nn.Transformer), big preset
+#   bench/gpu_campaign.sh 2 --out DIR              # GPU: the default recipe, decoding speed, the GPU recipe
+#   bench/gpu_campaign.sh rehearse --out DIR       # here: parts 1 and 2 on the CPU at tiny sizes
+#
+# With the device tool: run(command="bench/gpu_campaign.sh 1 --out $OUT", carry=[".gpu"]), then 2.
+# Steps run in order of priority, each under a time cap (SIGINT, then SIGKILL); after each one the
+# folder is packed again into DIR/campaign-part<N>.tar.gz and DIR/summary-part<N>.md is rewritten, so a
+# command cut by its limit still returns every step that ended. No DVC and no MLflow there:
+# the stages run with PIPELINE_TRACKING=off, and the few pure-Python packages they need that the GPU
+# machine lacks travel as wheels in .gpu/wheels. A skipped GPU test fails there (GPU_TESTS_REQUIRED=1).
+# docs/gpu.md says what each step measures and how the figures reach the README.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+REPO=$(pwd)
+CARRY=$REPO/.gpu
+
+part=${1:-}
+shift || true
+OUT=
+while [ $# -gt 0 ]; do
+  case $1 in
+    --out) OUT=$2; shift 2 ;;
+    *) echo "error: unknown argument $1 (usage: bench/gpu_campaign.sh prepare|1|2|rehearse [--out DIR])" >&2; exit 2 ;;
+  esac
+done
+
+if [ -x "$REPO/.venv/bin/python" ]; then PY=$REPO/.venv/bin/python; else PY=python3; fi
+
+case $part in
+  prepare) exec "$PY" -m bench.gpu.prepare ;;
+  1|2) REHEARSE=0; PARTS=$part ;;
+  rehearse) REHEARSE=1; PARTS="1 2" ;;
+  *) echo "error: usage: bench/gpu_campaign.sh prepare|1|2|rehearse [--out DIR]" >&2; exit 2 ;;
+esac
+[ -n "$OUT" ] || { echo "error: --out DIR is required" >&2; exit 2; }
+[ -d "$CARRY/multi30k" ] && [ -d "$CARRY/wmt14" ] || {
+  echo "error: $CARRY is missing or incomplete: run bench/gpu_campaign.sh prepare here first, and carry .gpu" >&2; exit 2; }
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+
+export PYTHONUNBUFFERED=1 MPLBACKEND=Agg PIPELINE_TRACKING=off
+SITE=$(mktemp -d /tmp/gpu-campaign-site.XXXXXX)
+if [ "$REHEARSE" = 0 ]; then
+  # The GPU machine's own Python (torch with CUDA); the wheels it lacks, unpacked beside the repository.
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" "$CARRY"/wheels/*.whl \
+    || { echo "error: the carried wheels did not install" >&2; exit 2; }
+  export GPU_TESTS_REQUIRED=1
+fi
+export PYTHONPATH=$REPO:$SITE${PYTHONPATH:+:$PYTHONPATH}
+
+WORK=
+FAILED=
+pack() {   # the part's folder, archived again (checkpoints left out: far over what a call returns)
+  "$PY" -m bench.gpu.summary "$WORK" > "$WORK/summary.md" 2> "$WORK/summary.err" || true
+  cp "$WORK/summary.md" "$OUT/summary-part$PART.md"
+  tar -czf "$OUT/.campaign-part$PART.tmp" --exclude='*/models' -C "$(dirname "$WORK")" "$(basename "$WORK")" \
+    && mv "$OUT/.campaign-part$PART.tmp" "$OUT/campaign-part$PART.tar.gz"
+}
+
+step() {   # step NAME CAP_SECONDS COMMAND...: run it under its cap, log it, pack the results
+  local name=$1 cap=$2; shift 2
+  mkdir -p "$WORK/$name"
+  echo "== part $PART, $name (cap ${cap} s): $*"
+  echo "$*" > "$WORK/$name/command.txt"
+  local start=$SECONDS
+  timeout --signal=INT --kill-after=20 "$cap" "$@" > "$WORK/$name/log.txt" 2>&1
+  local rc=$?
+  [ "$rc" = 0 ] || FAILED="$FAILED $name"
+  echo "$name rc=$rc seconds=$((SECONDS - start)) cap=$cap" | tee -a "$WORK/steps.txt"
+  tail -n 15 "$WORK/$name/log.txt"
+  pack
+}
+
+environment() {
+  {
+    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "commit: $(git rev-parse --short HEAD 2>/dev/null || cat "$CARRY/commit.txt") (.gpu made for $(cat "$CARRY/commit.txt"))"
+    echo "host cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>/dev/null \
+      | sed 's/^/gpu: /' || echo "gpu: none"
+    "$PY" -c "import sys, torch; print('python', sys.version.split()[0], '| torch', torch.__version__, '| cuda', torch.version.cuda, '| device', torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
+  }
+}
+
+M30K=$CARRY/multi30k/data
+WMT=$CARRY/wmt14/train
+if [ "$REHEARSE" = 1 ]; then
+  DEVICE=cpu
+  # The base and big presets' own layer counts and widths, cut down to seconds on a CPU.
+  SMALL_SHAPE=(--d-model 64 --heads 2 --d-ff 128 --layers 1 --max-tokens 1500 --rounds 1 --steps 2 --warmup 1)
+  THROUGHPUT=("${SMALL_SHAPE[@]}"); BIG=("${SMALL_SHAPE[@]}")
+  RECIPES=(--rehearse); DECODE=(--max-sentences 40 --batch-sentences 20 --rounds 1)
+  CAP_TESTS=300; CAP_EAGER=120; CAP_COMPILED=300; CAP_BIG=120; CAP_DEFAULT=300; CAP_DECODE=120; CAP_RECIPES=300
+  BUDGET=0
+else
+  DEVICE=cuda
+  THROUGHPUT=(--rounds 3 --steps 20 --warmup 5); BIG=(--rounds 2 --steps 10 --warmup 3)
+  RECIPES=(); DECODE=()
+  CAP_TESTS=170; CAP_EAGER=130; CAP_COMPILED=190; CAP_BIG=80; CAP_DEFAULT=170; CAP_DECODE=50; CAP_RECIPES=360
+  BUDGET=$((CAP_RECIPES - 15))
+fi
+
+for PART in $PARTS; do
+  WORK=$(mktemp -d /tmp/gpu-campaign.XXXXXX)/part$PART
+  mkdir -p "$WORK"
+  environment | tee "$WORK/environment.txt"
+  echo "rehearsal: $REHEARSE (1: CPU, tiny sizes; the figures mean nothing)" >> "$WORK/environment.txt"
+  if [ "$PART" = 1 ]; then
+    step gpu_tests "$CAP_TESTS" "$PY" -m pytest -q -p no:cacheprovider -rA tests/gpu
+    step throughput_base_eager "$CAP_EAGER" "$PY" bench/train_throughput.py --device "$DEVICE" --preset base \
+      --token-store "$WMT" --precision bf16 "${THROUGHPUT[@]}"
+    step throughput_base_compiled "$CAP_COMPILED" "$PY" bench/train_throughput.py --device "$DEVICE" --preset base \
+      --token-store "$WMT" --precision bf16 --compile "${THROUGHPUT[@]}"
+    step big "$CAP_BIG" "$PY" bench/train_throughput.py --device "$DEVICE" --preset big --token-store "$WMT" \
+      --precision bf16 --no-reference "${BIG[@]}"
+  else
+    step multi30k_default "$CAP_DEFAULT" "$PY" -m bench.gpu.recipes --data "$M30K" --work "$WORK/multi30k_default/runs" \
+      --set default "${RECIPES[@]}"
+    step decode "$CAP_DECODE" "$PY" -m bench.gpu.decode --workspace "$WORK/multi30k_default/runs/default" \
+      --device "$DEVICE" "${DECODE[@]}"
+    step multi30k_gpu "$CAP_RECIPES" "$PY" -m bench.gpu.recipes --data "$M30K" --work "$WORK/multi30k_gpu/runs" \
+      --set candidates --budget-seconds "$BUDGET" "${RECIPES[@]}"
+  fi
+  echo "== part $PART done: $OUT/campaign-part$PART.tar.gz, $OUT/summary-part$PART.md"
+  cat "$OUT/summary-part$PART.md"
+done
+rm -rf "$SITE"
+if [ -n "$FAILED" ]; then
+  echo "steps that failed or were cut:$FAILED (the summaries say which and why)" >&2
+  exit 1
+fi
