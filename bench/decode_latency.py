@@ -8,6 +8,11 @@ greedy), in-process, with ``--threads`` intra-op threads for both: (a) ours,
 penalty is not GNMT's, so a few outputs differ). Latencies are the median of ``--rounds``
 interleaved rounds per sentence, then p50/p95 over sentences.
 
+The stopping rule: ours with ``stopping="fairseq"`` (a sentence stops once beam_size hypotheses have
+finished) beside the default exact rule (once none of the live ones can beat them, even at the length
+limit), with each rule's decoding steps per sentence against the length of what it returns, and how
+many outputs the two share.
+
 Then ``torch.profiler`` records ours on the same sentences (beam): the time inside PyTorch
 operators (their self CPU time, by operator) against the wall time; the rest is Python (the
 search's bookkeeping, the model's module calls) and the dispatcher's overhead between operators.
@@ -70,6 +75,19 @@ def latencies(decoders: dict[str, Decode], ids: list[list[int]], rounds: int) ->
     return {name: [statistics.median(x) for x in per] for name, per in samples.items()}
 
 
+def count_steps(translator: Translator) -> list[int]:
+    """A list that gets a 1 for every decoding step ``translator``'s model runs from now on."""
+    steps: list[int] = []
+    step = translator.model.decode_step
+
+    def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        steps.append(1)
+        return step(*args, **kwargs)
+
+    translator.model.decode_step = counted
+    return steps
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=Path("models/model.pt"))
@@ -95,6 +113,7 @@ def main() -> None:
 
     ours = Translator(model, tokenizer, DecodingConfig(beam_size=args.beam, alpha=args.alpha,
                                                        max_len_b=args.max_len_b, batch_sentences=1))
+    steps = count_steps(ours)
     with tempfile.TemporaryDirectory() as workdir:
         export_ctranslate2(model, tokenizer.model_file, Path(workdir) / "ct2")
         vocab = sentencepiece_vocabulary(tokenizer.model_file)
@@ -113,18 +132,29 @@ def main() -> None:
 
         decoders: dict[str, Decode] = {
             "ours, beam": lambda s: ours.translate_ids([s])[0],
+            "ours, beam, fairseq stopping": lambda s: ours.translate_ids([s], stopping="fairseq")[0],
             "CTranslate2, beam": ctranslate2_decode(args.beam),
             "ours, greedy": lambda s: ours.translate_ids([s], beam_size=1)[0],
             "CTranslate2, greedy": ctranslate2_decode(1),
         }
         measured = latencies(decoders, ids, args.rounds)
         same = sum(decoders["ours, beam"](s) == decoders["CTranslate2, beam"](s) for s in ids)
+        rules = {}
+        for rule in ("exact", "fairseq"):
+            steps.clear()
+            outputs = [ours.translate_ids([s], stopping=rule)[0] for s in ids]
+            rules[rule] = (outputs, sum(steps) / len(ids), statistics.mean(len(o) + 1 for o in outputs))
     print("| decoder | p50 | p95 | mean |")
     print("|---|---:|---:|---:|")
     for name, values in measured.items():
         print(f"| {name} | {percentile(values, 0.5):.1f} ms | {percentile(values, 0.95):.1f} ms | "
               f"{statistics.mean(values):.1f} ms |")
     print(f"identical beam outputs: {same}/{len(ids)} (the length penalties differ)")
+    for rule, (_, per_sentence, length) in rules.items():
+        print(f"stopping {rule}: {per_sentence:.1f} decoding steps a sentence for outputs of {length:.1f} pieces "
+              "(EOS counted)")
+    shared = sum(a == b for a, b in zip(rules["exact"][0], rules["fairseq"][0]))
+    print(f"outputs the two rules share: {shared}/{len(ids)}")
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         started = time.perf_counter()

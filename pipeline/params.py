@@ -127,13 +127,18 @@ class AverageParams:
             raise ValueError(f"average.last_n must be positive, got {self.last_n}")
 
 
+# The decoding settings the tune stage chooses on the validation set (evaluate's null ones follow it).
+TUNED = ("beam_size", "alpha", "stopping")
+
+
 @dataclass(frozen=True)
 class EvaluateParams:
-    """Decoding and scoring of the test sets. ``beam_size`` and ``alpha`` are optional: null takes
-    the tune stage's choice on the validation set (``reports/tune.json``); a value wins over it."""
+    """Decoding and scoring of the test sets. ``beam_size``, ``alpha`` and ``stopping`` are optional:
+    null takes the tune stage's choice on the validation set (``reports/tune.json``); a value wins."""
 
     beam_size: int | None = None
     alpha: float | None = None
+    stopping: str | None = None
     max_len_b: int = 50
     batch_sentences: int = 64
     attention_sentences: int = 3
@@ -151,21 +156,25 @@ class EvaluateParams:
 @dataclass(frozen=True)
 class TuneParams:
     """The decoding grid the tune stage searches on the validation set (§6.1: beam size and alpha
-    "chosen after experimentation on the development set"). ``max_sentences`` caps the sentences
-    decoded (the first N of ``data.valid_set``; 0 = all). The other decoding settings (max_len_b,
-    batch_sentences, precision) are evaluate's, so the choice holds for evaluate's decoding."""
+    "chosen after experimentation on the development set"; and the beam search's stopping rule).
+    ``max_sentences`` caps the sentences decoded (the first N of ``data.valid_set``; 0 = all). The
+    other decoding settings (max_len_b, batch_sentences, precision) are evaluate's, so the choice
+    holds for evaluate's decoding."""
 
     beam_sizes: list[int] = field(default_factory=lambda: [4])
     alphas: list[float] = field(default_factory=lambda: [0.6, 1.0, 1.5, 2.0, 2.5])
+    stoppings: list[str] = field(default_factory=lambda: ["exact"])
     max_sentences: int = 0
 
     def __post_init__(self) -> None:
-        for key, values in (("beam_sizes", self.beam_sizes), ("alphas", self.alphas)):
+        grids = (("beam_sizes", "beam_size", self.beam_sizes), ("alphas", "alpha", self.alphas),
+                 ("stoppings", "stopping", self.stoppings))
+        for key, _, values in grids:
             if not values:
                 raise ValueError(f"tune.{key} must list at least one value")
             if len(set(values)) != len(values):
                 raise ValueError(f"tune.{key} lists a value twice: {values}")
-        for key, field_name, values in (("beam_sizes", "beam_size", self.beam_sizes), ("alphas", "alpha", self.alphas)):
+        for key, field_name, values in grids:
             for value in values:   # each grid value checked as the decoding setting it becomes
                 try:
                     DecodingConfig(**{field_name: value})
@@ -180,44 +189,43 @@ TUNE_REPORT = Path("reports/tune.json")   # the tune stage's choice (relative to
 
 @dataclass(frozen=True)
 class Decoding:
-    """The beam size and alpha the evaluate stage (and the model it registers) decode with, and
-    where each came from: ``params`` (``evaluate.beam_size`` / ``evaluate.alpha`` set) or ``tune``
-    (null there: the tune stage's choice on the validation set)."""
+    """The beam size, alpha and stopping rule the evaluate stage (and the model it registers) decode
+    with, and where each came from: ``params`` (set in evaluate) or ``tune`` (null there: the tune
+    stage's choice on the validation set)."""
 
     beam_size: int
     alpha: float
+    stopping: str
     beam_size_from: str
     alpha_from: str
+    stopping_from: str
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
 def decoding_settings(evaluate: EvaluateParams, tune_report: str | os.PathLike = TUNE_REPORT) -> Decoding:
-    """``evaluate.beam_size`` and ``evaluate.alpha`` where set, the tune stage's choice
+    """``evaluate``'s beam size, alpha and stopping rule where set, the tune stage's choice
     (``tune_report``, read only when one of them is null) for the others."""
-    if evaluate.beam_size is not None and evaluate.alpha is not None:
-        return Decoding(evaluate.beam_size, evaluate.alpha, "params", "params")
-    path = Path(tune_report)
-    missing = " and ".join(k for k, v in (("evaluate.beam_size", evaluate.beam_size),
-                                         ("evaluate.alpha", evaluate.alpha)) if v is None)
-    if not path.is_file():
-        raise ParamsError(f"{path} does not exist: {missing} null means the tune stage's choice; run it "
-                          f"(dvc repro) or set {missing} in params.yaml")
-    try:
-        chosen = yaml.safe_load(path.read_text())["chosen"]   # JSON is YAML
-        beam_size, alpha = chosen["beam_size"], chosen["alpha"]
-        if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
-            raise ValueError(f"beam_size {beam_size!r}")
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha < 0:
-            raise ValueError(f"alpha {alpha!r}")
-    except (yaml.YAMLError, TypeError, KeyError, ValueError) as err:
-        raise ParamsError(f"{path} holds no valid choice ({type(err).__name__}: {err}): rerun the tune stage "
-                          "(dvc repro tune)") from None
-    return Decoding(evaluate.beam_size if evaluate.beam_size is not None else beam_size,
-                    evaluate.alpha if evaluate.alpha is not None else float(alpha),
-                    "params" if evaluate.beam_size is not None else "tune",
-                    "params" if evaluate.alpha is not None else "tune")
+    given = {key: getattr(evaluate, key) for key in TUNED}
+    missing = " and ".join(f"evaluate.{k}" for k, v in given.items() if v is None)
+    chosen: dict[str, Any] = {}
+    if missing:
+        path = Path(tune_report)
+        if not path.is_file():
+            raise ParamsError(f"{path} does not exist: {missing} null means the tune stage's choice; run it "
+                              f"(dvc repro) or set {missing} in params.yaml")
+        try:
+            report = yaml.safe_load(path.read_text())["chosen"]   # JSON is YAML
+            chosen = {key: report[key] for key in TUNED}
+            if isinstance(chosen["alpha"], int) and not isinstance(chosen["alpha"], bool):
+                chosen["alpha"] = float(chosen["alpha"])
+            DecodingConfig(**chosen)   # checked as the settings they become
+        except (yaml.YAMLError, TypeError, KeyError, ValueError) as err:
+            raise ParamsError(f"{path} holds no valid choice ({type(err).__name__}: {err}): rerun the tune stage "
+                              "(dvc repro tune)") from None
+    return Decoding(**{key: chosen[key] if given[key] is None else given[key] for key in TUNED},
+                    **{f"{key}_from": "tune" if given[key] is None else "params" for key in TUNED})
 
 
 @dataclass(frozen=True)

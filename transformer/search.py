@@ -15,6 +15,9 @@ from torch import Tensor
 from .model import AttentionWeights, Transformer
 from .tokens import BOS_ID, EOS_ID
 
+# When a sentence's beam search stops before its length limit (``beam_search``'s ``stopping``).
+STOPPING_RULES = ("exact", "fairseq", "none")
+
 
 @dataclass
 class SearchResult:
@@ -139,14 +142,20 @@ def greedy_search(model: Transformer, src: Tensor, *, max_len_b: int = 50,
 @torch.inference_mode()
 def beam_search(model: Transformer, src: Tensor, *, beam_size: int = 4, alpha: float = 0.6,
                 max_len_b: int = 50, bos_id: int = BOS_ID, eos_id: int = EOS_ID,
-                early_stopping: bool = True) -> SearchResult:
+                stopping: str = "exact") -> SearchResult:
     """Batched beam search (§6.1: beam 4, alpha 0.6) returning the best hypothesis per sentence.
 
-    Finished hypotheses are scored log P(Y|X) / lp(|Y|), |Y| counting the EOS. With
-    ``early_stopping`` a sentence stops once it has ``beam_size`` finished hypotheses that no
-    live hypothesis can still beat (an exact bound, ``_best_reachable``), and is then dropped
-    from the batch, so later steps only compute live sentences; the result is that of the
-    search run to the length limit (``early_stopping=False``), only sooner.
+    Finished hypotheses are scored log P(Y|X) / lp(|Y|), |Y| counting the EOS. A sentence that
+    stops is dropped from the batch, so later steps only compute live sentences. ``stopping``:
+
+    - ``"exact"``: once it has ``beam_size`` finished hypotheses that no live hypothesis can still
+      beat (an exact bound, ``_best_reachable``): the result is that of the search run to the
+      length limit, only sooner. With alpha >= 1 the bound is loose (a live hypothesis might still
+      grow to the limit), so a search can run well past the end of the sentence.
+    - ``"fairseq"``: once it has ``beam_size`` finished hypotheses (fairseq's rule; Marian and
+      CTranslate2 stop similarly soon). Cheaper, but a longer hypothesis that would have scored
+      better is never found; on a copy task it returned truncated copies (tests/transformer).
+    - ``"none"``: at the length limit (the reference the others are checked against).
 
     The work per step is the decoder on one new position per live hypothesis: the first
     step expands one hypothesis per sentence (the K beams would be identical), the K
@@ -158,6 +167,8 @@ def beam_search(model: Transformer, src: Tensor, *, beam_size: int = 4, alpha: f
     """
     k = beam_size
     vocab = model.config.vocab_size
+    if stopping not in STOPPING_RULES:
+        raise ValueError(f"stopping must be one of {', '.join(STOPPING_RULES)}, got {stopping!r}")
     if not 1 <= k <= vocab // 2:
         raise ValueError(f"beam_size must be between 1 and half the vocabulary ({vocab // 2}), got {k}")
     model.eval()
@@ -185,17 +196,19 @@ def beam_search(model: Transformer, src: Tensor, *, beam_size: int = 4, alpha: f
         top_scores, top_beam, top_token = best_continuations(lprobs, beam_scores, 2 * k)  # (n, 2K)
         is_eos = top_token == eos_id
 
-        # Finish EOS candidates among the best K, merged with earlier finished ones.
-        new_fin = torch.where(is_eos[:, :k], top_scores[:, :k] / length_penalty(t + 1, alpha), float("-inf"))
-        prefix = tokens.view(n, width, t + 1)[:, :, 1:].gather(1, top_beam[:, :k, None].expand(-1, -1, t))
-        new_tokens = torch.full((n, k, longest), model.config.pad_id, dtype=torch.long, device=device)
-        new_tokens[:, :, :t] = prefix
-        new_tokens[:, :, t] = eos_id
-        merged_scores = torch.cat([fin_scores[active], new_fin], dim=1)
-        merged_tokens = torch.cat([fin_tokens[active], new_tokens], dim=1)
-        best, order = merged_scores.topk(k, dim=1)
-        fin_scores[active] = best
-        fin_tokens[active] = merged_tokens.gather(1, order[:, :, None].expand(-1, -1, longest))
+        # Finish EOS candidates among the best K, merged with earlier finished ones (most steps
+        # have none: one check instead of the merge's dozen operations).
+        if bool(is_eos[:, :k].any()):
+            new_fin = torch.where(is_eos[:, :k], top_scores[:, :k] / length_penalty(t + 1, alpha), float("-inf"))
+            prefix = tokens.view(n, width, t + 1)[:, :, 1:].gather(1, top_beam[:, :k, None].expand(-1, -1, t))
+            new_tokens = torch.full((n, k, longest), model.config.pad_id, dtype=torch.long, device=device)
+            new_tokens[:, :, :t] = prefix
+            new_tokens[:, :, t] = eos_id
+            merged_scores = torch.cat([fin_scores[active], new_fin], dim=1)
+            merged_tokens = torch.cat([fin_tokens[active], new_tokens], dim=1)
+            best, order = merged_scores.topk(k, dim=1)
+            fin_scores[active] = best
+            fin_tokens[active] = merged_tokens.gather(1, order[:, :, None].expand(-1, -1, longest))
 
         # The best K candidates that do not end in EOS continue.
         alive_scores, alive_pos = top_scores.masked_fill(is_eos, float("-inf")).topk(k, dim=1)
@@ -204,12 +217,14 @@ def beam_search(model: Transformer, src: Tensor, *, beam_size: int = 4, alpha: f
         tokens = torch.cat([tokens[source_rows], top_token.gather(1, alive_pos).view(-1, 1)], dim=1)
         width = k
 
-        # Done: no live hypothesis, or (early stopping) K finished ones that none of the live
-        # ones can still beat.
+        # Done: no live hypothesis, or K finished ones (fairseq), or K finished ones that none of
+        # the live ones can still beat (exact).
         worst_finished = fin_scores[active, k - 1]
         best_live = beam_scores[:, 0]
         done = best_live == float("-inf")
-        if early_stopping:
+        if stopping == "fairseq":
+            done |= worst_finished > float("-inf")
+        elif stopping == "exact":
             done |= (worst_finished > float("-inf")) & (
                 worst_finished >= _best_reachable(best_live, t + 2, max_lens, alpha))
         if bool(done.all()):

@@ -24,6 +24,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 from mlflow.entities.model_registry import ModelVersion
@@ -240,11 +241,12 @@ def challenger_version(client: MlflowClient, name: str, run_id: str | Sequence[s
 def translate_with_version(client: MlflowClient, name: str, version: str, sources: Mapping[str, Sequence[str]],
                            beam_size: int | None, alpha: float | None, max_len_b: int, batch_sentences: int,
                            precision: str = "fp32", tracking_uri: str | None = None,
-                           ) -> tuple[dict[str, list[str]], dict[str, float]]:
+                           ) -> tuple[dict[str, list[str]], dict[str, Any]]:
     """Translate each set's sources with a registered model version (its own checkpoint and
     tokenizer, the pyfunc model's artifacts). ``beam_size`` / ``alpha`` None: the version's own
-    registered settings (what its evaluate stage chose). Returns the translations by set and the
-    beam size and alpha used."""
+    registered settings (what its evaluate stage chose), as its stopping rule always is (versions
+    registered before there was a choice stop by the exact rule they were scored with). Returns the
+    translations by set and the beam size, alpha and stopping rule used."""
     from pipeline.serving.decoding import DecodingConfig
     from pipeline.serving.translator import load_translator
 
@@ -256,12 +258,14 @@ def translate_with_version(client: MlflowClient, name: str, version: str, source
         if None in settings.values():
             raise GateError(f"{name} version {version} records no decoding settings (beam_size, alpha) in its "
                             "signature: not a model logged by the evaluate stage")
+        settings["stopping"] = own.get("stopping", "exact")
         translator = load_translator(files["model"], files["tokenizer"], DecodingConfig(
-            int(settings["beam_size"]), float(settings["alpha"]), max_len_b, batch_sentences, precision))
+            int(settings["beam_size"]), float(settings["alpha"]), max_len_b, batch_sentences, precision,
+            settings["stopping"]))
         return {name_: translator.translate(list(lines)) for name_, lines in sources.items()}, settings
 
 
-def registered_decoding(mlmodel: Path) -> dict[str, float]:
+def registered_decoding(mlmodel: Path) -> dict[str, Any]:
     """The decoding settings a version was registered with: the defaults of its signature's
     params (``beam_size``, ``alpha``; ``pipeline.serving.mlflow_model.log_translator`` writes them)."""
     from mlflow.models.signature import ModelSignature
@@ -270,7 +274,7 @@ def registered_decoding(mlmodel: Path) -> dict[str, float]:
     if not signature or not signature.get("params"):
         return {}
     params = ModelSignature.from_dict(signature).params
-    return {p.name: p.default for p in params.params if p.name in ("beam_size", "alpha")} if params else {}
+    return {p.name: p.default for p in params.params if p.name in ("beam_size", "alpha", "stopping")} if params else {}
 
 
 def version_files(client: MlflowClient, name: str, version: str, dst: Path,

@@ -107,7 +107,8 @@ def metrics_markdown(metrics: dict[str, Any], run_id: str | None) -> str:
     d = metrics.get(DECODING)
     if d:
         lines += ["", f"Decoding: beam {d.get('beam_size')} ({d.get('beam_size_from')}), alpha {d.get('alpha')} "
-                      f"({d.get('alpha_from')}): tune = chosen on the validation set, params = evaluate's"]
+                      f"({d.get('alpha_from')}), stopping {d.get('stopping', 'exact')} "
+                      f"({d.get('stopping_from', 'params')}): tune = chosen on the validation set, params = evaluate's"]
     signatures = sorted({m["signature"] for _, _, m in rows if "signature" in m})
     lines += ["", *(f"BLEU signature: `{s}`" for s in signatures)]
     if run_id:
@@ -165,8 +166,8 @@ def retrain_plan(workdir: str) -> RetrainPlan:
     return plan
 
 
-def _settings(beam_size: Any, alpha: Any) -> str:
-    return f"beam {beam_size}, alpha {float(alpha):g}"
+def _settings(beam_size: Any, alpha: Any, stopping: Any = "exact") -> str:
+    return f"beam {beam_size}, alpha {float(alpha):g}, stopping {stopping}"
 
 
 @task(name="promotion gate", cache_policy=NO_CACHE)
@@ -202,7 +203,8 @@ def promotion_gate(workdir: str, flow_run_id: str = "", extra_tags: dict[str, st
     champion = current_champion(client, name)
     systems = None
     d = metrics.get(DECODING, {})
-    decoding = {"challenger": _settings(d["beam_size"], d["alpha"])} if "beam_size" in d and "alpha" in d else {}
+    decoding = ({"challenger": _settings(d["beam_size"], d["alpha"], d.get("stopping", "exact"))}
+                if "beam_size" in d and "alpha" in d else {})
     if champion is not None and str(champion.version) != str(challenger.version):
         sets = [gate_set, *data.test_sets]
         sources = {s: read_lines(root / paths.corpus_file(s, data.src_lang)) for s in sets}
@@ -210,7 +212,7 @@ def promotion_gate(workdir: str, flow_run_id: str = "", extra_tags: dict[str, st
         e = params.evaluate
         champion_hyps, used = translate_with_version(client, name, str(champion.version), sources, None, None,
                                                      e.max_len_b, e.batch_sentences, e.precision, tracking_uri=uri)
-        decoding["champion"] = _settings(used["beam_size"], used["alpha"])
+        decoding["champion"] = _settings(used["beam_size"], used["alpha"], used["stopping"])
         systems = {s: Systems(read_lines(root / paths.corpus_file(s, data.tgt_lang)), champion_hyps[s],
                               read_lines(root / paths.TRANSLATIONS_DIR / f"{s}.{data.tgt_lang}"))
                    for s in sets}

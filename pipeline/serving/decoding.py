@@ -10,6 +10,10 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 PRECISIONS = ("fp32", "bf16")
+# When beam search stops a sentence (``transformer.search.beam_search``): "exact", once no live
+# hypothesis can beat the beam_size finished ones (the result of searching to the length limit);
+# "fairseq", once beam_size hypotheses have finished (cheaper; can miss a longer, better one).
+STOPPING = ("exact", "fairseq")
 
 
 @dataclass(frozen=True)
@@ -23,6 +27,7 @@ class DecodingConfig:
     max_len_b: int = 50
     batch_sentences: int = 64
     precision: str = "fp32"
+    stopping: str = "exact"
 
     def __post_init__(self) -> None:
         for name in ("beam_size", "max_len_b", "batch_sentences"):
@@ -31,6 +36,8 @@ class DecodingConfig:
                 raise ValueError(f"DecodingConfig.{name} must be a positive integer, got {value!r}")
         if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or self.alpha < 0:
             raise ValueError(f"DecodingConfig.alpha must be a number >= 0, got {self.alpha!r}")
+        if self.stopping not in STOPPING:
+            raise ValueError(f"DecodingConfig.stopping must be one of {', '.join(STOPPING)}, got {self.stopping!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"DecodingConfig.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
 

@@ -4,13 +4,13 @@ Logged with the averaged checkpoint and the SentencePiece model as artifacts and
 ``transformer`` and ``pipeline`` packages as code, so ``mlflow.pyfunc.load_model`` (and
 ``mlflow models serve``) needs nothing from this repository. The decoding settings the
 evaluate stage scored with travel in the model's ``model_config`` (and as the defaults of the
-signature's params); a request may override ``beam_size`` and ``alpha``.
+signature's params); a request may override ``beam_size``, ``alpha`` and ``stopping``.
 
 ``predict`` checks its input before decoding anything, and a bad request is an
 ``MlflowException`` with ``INVALID_PARAMETER_VALUE`` (the scoring server answers 400 with the
 message and keeps serving): an empty or non-string text, a text over ``MAX_CHARS`` characters
 or over the model's source positions in pieces, more than ``MAX_SENTENCES`` sentences in one
-request, a beam size outside 1..``MAX_BEAM`` or a negative alpha.
+request, a beam size outside 1..``MAX_BEAM``, a negative alpha or an unknown stopping rule.
 """
 
 from __future__ import annotations
@@ -96,27 +96,32 @@ class TranslatorModel(mlflow.pyfunc.PythonModel):
                               "(one sentence per input)")
         return ids
 
-    def decoding(self, params: Mapping[str, Any] | None) -> tuple[int, float]:
-        """The request's beam size and alpha (the model's own where not given), checked."""
+    def decoding(self, params: Mapping[str, Any] | None) -> tuple[int, float, str]:
+        """The request's beam size, alpha and stopping rule (the model's own where not given), checked."""
+        from pipeline.serving.decoding import STOPPING
+
         params = params or {}
         try:
             beam_size = int(params.get("beam_size", self.translator.decoding.beam_size))
             alpha = float(params.get("alpha", self.translator.decoding.alpha))
         except (TypeError, ValueError) as err:
             raise invalid(f"params: beam_size must be an integer and alpha a number ({err})") from None
+        stopping = params.get("stopping", self.translator.decoding.stopping)
         if not 1 <= beam_size <= MAX_BEAM:
             raise invalid(f"params: beam_size must be between 1 and {MAX_BEAM}, got {beam_size}")
         if not 0 <= alpha <= 10:
             raise invalid(f"params: alpha must be between 0 and 10, got {alpha}")
-        return beam_size, alpha
+        if stopping not in STOPPING:
+            raise invalid(f"params: stopping must be one of {', '.join(STOPPING)}, got {_describe(stopping)}")
+        return beam_size, alpha, stopping
 
     def predict(self, context, model_input, params=None):  # noqa: ANN001, ANN201 (MLflow reads type hints as a schema)
         """model_input: a DataFrame with a ``text`` column (or one column), a list of str, or a str.
         Returns the translations, one str per input, in order. The translator is shared by the
         server's concurrent requests, so a request's settings are arguments, never its state."""
         ids = self.check(sentences_of(model_input))
-        beam_size, alpha = self.decoding(params)
-        return self.translator.tokenizer.decode(self.translator.translate_ids(ids, beam_size, alpha))
+        beam_size, alpha, stopping = self.decoding(params)
+        return self.translator.tokenizer.decode(self.translator.translate_ids(ids, beam_size, alpha, stopping))
 
 
 def _pins() -> list[str]:
@@ -125,10 +130,10 @@ def _pins() -> list[str]:
     return [f"{name}=={version(name).split('+')[0]}" for name in PIP_REQUIREMENTS_OF]
 
 
-def _run_decoding(run_id: str, beam_size: int, alpha: float) -> dict[str, Any]:
-    """The decoding settings to register: beam size and alpha as chosen, the rest from the run's
-    ``evaluate.*`` params (the paper's defaults where the run has none), and where each came from
-    (the evaluate stage's ``decoding.*_from`` tags)."""
+def _run_decoding(run_id: str, beam_size: int, alpha: float, stopping: str) -> dict[str, Any]:
+    """The decoding settings to register: beam size, alpha and stopping rule as chosen, the rest from
+    the run's ``evaluate.*`` params (the paper's defaults where the run has none), and where each came
+    from (the evaluate stage's ``decoding.*_from`` tags)."""
     from pipeline.serving.decoding import DecodingConfig
     from pipeline.tracking.store import client
 
@@ -141,14 +146,15 @@ def _run_decoding(run_id: str, beam_size: int, alpha: float) -> dict[str, Any]:
             parsed[key] = json.loads(value)
         except ValueError:
             parsed[key] = value    # a plain string (precision: fp32)
-    decoding = DecodingConfig.of({**parsed, "beam_size": int(beam_size), "alpha": float(alpha)}).to_dict()
-    for key in ("beam_size", "alpha"):
+    decoding = DecodingConfig.of({**parsed, "beam_size": int(beam_size), "alpha": float(alpha),
+                                  "stopping": stopping}).to_dict()
+    for key in ("beam_size", "alpha", "stopping"):
         decoding[f"{key}_from"] = t.get(f"decoding.{key}_from", "params")
     return decoding
 
 
 def log_translator(run_id: str, model_file: Path, tokenizer_file: Path, registered_name: str,
-                   beam_size: int, alpha: float, *, metrics_file: Path | None = None,
+                   beam_size: int, alpha: float, stopping: str = "exact", *, metrics_file: Path | None = None,
                    corpus_stats_file: Path | None = None) -> str | None:
     """Log the pyfunc model into ``run_id``, register it and write its model card (description
     and tags, ``pipeline.tracking.describe_version``); returns the new registry version.
@@ -164,10 +170,10 @@ def log_translator(run_id: str, model_file: Path, tokenizer_file: Path, register
     from pipeline.tracking import model_card, store
     from transformer.checkpoint import load_checkpoint
 
-    decoding = _run_decoding(run_id, beam_size, alpha)
+    decoding = _run_decoding(run_id, beam_size, alpha, stopping)
     example = pd.DataFrame({"text": ["A man is walking."]})
     signature = infer_signature(example, ["Ein Mann geht."],
-                                params={"beam_size": int(beam_size), "alpha": float(alpha)})
+                                params={"beam_size": int(beam_size), "alpha": float(alpha), "stopping": stopping})
     with mlflow.start_run(run_id=run_id):
         info = mlflow.pyfunc.log_model(
             name="translator", python_model=TranslatorModel(),

@@ -4,8 +4,8 @@
     python -m pipeline.serving.translate --input news.en --output news.de --beam-size 5 --alpha 1.0
 
 Decoding settings default to what the test scores used: params.yaml's ``evaluate`` section, with
-the tune stage's choice on the validation set (``reports/tune.json``) for a beam size or alpha
-left null there; the paper's (§6.1) where neither says. Input is UTF-8 (a leading byte-order mark
+the tune stage's choice on the validation set (``reports/tune.json``) for a beam size, alpha or
+stopping rule left null there; the paper's (§6.1) where neither says. Input is UTF-8 (a leading byte-order mark
 is dropped); a line that is not valid UTF-8 is an error naming its line number, and nothing is
 written.
 """
@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import paths
-from pipeline.params import PARAMS_FILE, TUNE_REPORT, ParamsError, decoding_settings, load_params
-from pipeline.serving.decoding import DecodingConfig
+from pipeline.params import PARAMS_FILE, TUNE_REPORT, TUNED, ParamsError, decoding_settings, load_params
+from pipeline.serving.decoding import STOPPING, DecodingConfig
 from pipeline.serving.translator import load_translator
 from transformer.checkpoint import CheckpointError
 
@@ -40,11 +40,11 @@ def decoding_defaults(params_file: Path) -> tuple[dict[str, Any], dict[str, str]
     try:
         chosen = decoding_settings(e)
     except ParamsError:   # no tune report yet: the paper's settings for the null keys
-        sources.update({k: PAPER for k in ("beam_size", "alpha") if getattr(e, k) is None})
+        sources.update({k: PAPER for k in TUNED if getattr(e, k) is None})
         return settings, sources
-    settings.update(beam_size=chosen.beam_size, alpha=chosen.alpha)
-    for key, origin in (("beam_size", chosen.beam_size_from), ("alpha", chosen.alpha_from)):
-        if origin == "tune":
+    for key in TUNED:
+        settings[key] = getattr(chosen, key)
+        if getattr(chosen, f"{key}_from") == "tune":
             sources[key] = f"{TUNE_REPORT} (tuned on the validation set)"
     return settings, sources
 
@@ -82,6 +82,10 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"1 = greedy (default: {defaults['beam_size']}, from {source['beam_size']})")
     parser.add_argument("--alpha", type=float, default=defaults["alpha"],
                         help=f"length penalty alpha (default: {defaults['alpha']}, from {source['alpha']})")
+    parser.add_argument("--stopping", choices=STOPPING, default=defaults["stopping"],
+                        help=f"when beam search stops a sentence: exact (no live hypothesis can beat the finished "
+                             f"ones) or fairseq (beam-size hypotheses finished; sooner) (default: "
+                             f"{defaults['stopping']}, from {source['stopping']})")
     parser.add_argument("--max-len-b", type=int, default=defaults["max_len_b"],
                         help=f"output length limit: source length + this (default: {defaults['max_len_b']})")
     parser.add_argument("--batch-sentences", type=int, default=defaults["batch_sentences"])
@@ -90,7 +94,8 @@ def main(argv: list[str] | None = None) -> None:
                              f"default: {defaults['precision']})")
     args = parser.parse_args(argv)
     try:
-        decoding = DecodingConfig(args.beam_size, args.alpha, args.max_len_b, args.batch_sentences, args.precision)
+        decoding = DecodingConfig(args.beam_size, args.alpha, args.max_len_b, args.batch_sentences, args.precision,
+                                  args.stopping)
     except ValueError as err:   # named as the option that set it: DecodingConfig.max_len_b -> --max-len-b
         message = str(err)
         for name in DecodingConfig.__dataclass_fields__:

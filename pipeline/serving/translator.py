@@ -97,13 +97,14 @@ class Translator:
         return out.to(self.device)
 
     def translate_ids(self, ids: Sequence[Sequence[int]], beam_size: int | None = None,
-                      alpha: float | None = None) -> list[list[int]]:
-        """Hypotheses of each source, longest sources batched first. ``beam_size``/``alpha`` override
-        this translator's for one call (without changing it: a server decodes concurrent requests
-        with one translator)."""
+                      alpha: float | None = None, stopping: str | None = None) -> list[list[int]]:
+        """Hypotheses of each source, longest sources batched first. ``beam_size``/``alpha``/``stopping``
+        override this translator's for one call (without changing it: a server decodes concurrent
+        requests with one translator)."""
         d = self.decoding
         beam_size = d.beam_size if beam_size is None else beam_size
         alpha = d.alpha if alpha is None else alpha
+        stopping = d.stopping if stopping is None else stopping
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]), reverse=True)
         out: list[list[int]] = [[] for _ in ids]
         self.model.eval()
@@ -114,13 +115,14 @@ class Translator:
             if beam_size == 1:
                 result = greedy_search(self.model, src, max_len_b=max_len_b)
             else:
-                result = beam_search(self.model, src, beam_size=beam_size, alpha=alpha, max_len_b=max_len_b)
+                result = beam_search(self.model, src, beam_size=beam_size, alpha=alpha, max_len_b=max_len_b,
+                                     stopping=stopping)
             for i, hyp in zip(chunk, result.hypotheses):
                 out[i] = hyp
         return out
 
     def translate(self, sentences: Sequence[str], beam_size: int | None = None,
-                  alpha: float | None = None) -> list[str]:
+                  alpha: float | None = None, stopping: str | None = None) -> list[str]:
         if not sentences:
             return []
-        return self.tokenizer.decode(self.translate_ids(self.tokenizer.encode(sentences), beam_size, alpha))
+        return self.tokenizer.decode(self.translate_ids(self.tokenizer.encode(sentences), beam_size, alpha, stopping))

@@ -2,11 +2,12 @@
 (§6.1) and score them with sacrebleu (detokenized BLEU and chrF, with their signatures); draw
 attention maps.
 
-Beam size and alpha are ``evaluate.beam_size`` / ``evaluate.alpha`` where set, else the tune
-stage's choice on the validation set (``reports/tune.json``); ``reports/metrics.json`` records
-which (``decoding``). The validation set's translations (``reports/translations/<valid_set>.*``,
-copied from the tune stage when it decoded the whole set with the same settings) are what the
-promotion gate judges; the test sets' are only reported.
+Beam size, alpha and stopping rule are ``evaluate.beam_size`` / ``evaluate.alpha`` /
+``evaluate.stopping`` where set, else the tune stage's choice on the validation set
+(``reports/tune.json``); ``reports/metrics.json`` records which (``decoding``). The validation
+set's translations (``reports/translations/<valid_set>.*``, copied from the tune stage when it
+decoded the whole set with the same settings) are what the promotion gate judges; the test sets'
+are only reported.
 """
 
 from __future__ import annotations
@@ -123,7 +124,8 @@ def tuned_translations(params: Params, decoding: Decoding, sentences: int, model
     would decode (same model, whole set, same settings); else None."""
     record, e = tune_record(), params.evaluate
     wanted = {"model_sha256": model_sha256, "valid_set": params.data.valid_set, "sentences": sentences,
-              "beam_size": decoding.beam_size, "alpha": decoding.alpha, "max_len_b": e.max_len_b,
+              "beam_size": decoding.beam_size, "alpha": decoding.alpha, "stopping": decoding.stopping,
+              "max_len_b": e.max_len_b,
               "batch_sentences": e.batch_sentences, "precision": e.precision}
     if any(record.get(k) != v for k, v in wanted.items()):
         return None
@@ -142,8 +144,9 @@ def evaluate(params: Params) -> dict[str, Any]:
     valid_files = split_files(data.valid_set, "data.valid_set", params)
     decoding = decoding_settings(e)
     print(f"decoding: beam {decoding.beam_size} ({decoding.beam_size_from}), alpha {decoding.alpha:g} "
-          f"({decoding.alpha_from})", flush=True)
-    translator.decoding = translator.decoding.replace(beam_size=decoding.beam_size, alpha=decoding.alpha)
+          f"({decoding.alpha_from}), stopping {decoding.stopping} ({decoding.stopping_from})", flush=True)
+    translator.decoding = translator.decoding.replace(beam_size=decoding.beam_size, alpha=decoding.alpha,
+                                                      stopping=decoding.stopping)
     metrics: dict[str, Any] = {}   # a DVC metric: scores only; decoding times go to MLflow and the console
     decode_seconds: dict[str, float] = {}
     paths.ATTENTION_DIR.mkdir(parents=True, exist_ok=True)   # a DVC output, even with attention_sentences 0
@@ -229,7 +232,7 @@ def track(params: Params, metrics: dict[str, Any], decoding: Decoding, seconds: 
     runs.log_artifacts(run_id, [Path("params.yaml"), Path("dvc.lock"), paths.METRICS], "run")
     version = store.best_effort("model logging", log_translator, run_id, paths.AVERAGED_MODEL,
                                    paths.TOKENIZER_MODEL, params.tracking.registered_model,
-                                   decoding.beam_size, decoding.alpha)
+                                   decoding.beam_size, decoding.alpha, decoding.stopping)
     if version:
         print(f"MLflow: registered model {params.tracking.registered_model!r} version {version} (run {run_id})")
     runs.finish_run(run_id)

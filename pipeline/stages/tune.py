@@ -1,12 +1,14 @@
-"""DVC stage 5: choose the beam size and the length penalty alpha on the validation set (§6.1:
-"chosen after experimentation on the development set"), never on a test set.
+"""DVC stage 5: choose the beam size, the length penalty alpha and the beam search's stopping rule on
+the validation set (§6.1: "chosen after experimentation on the development set"), never on a test set.
 
-Every pair of ``tune.beam_sizes`` x ``tune.alphas`` decodes ``data.valid_set`` (its first
-``tune.max_sentences`` sentences; 0 = all) with evaluate's length limit, batch and precision.
-Greedy search (beam 1) ignores alpha, so beam 1 is decoded once, with the smallest alpha.
+Every point of ``tune.beam_sizes`` x ``tune.alphas`` x ``tune.stoppings`` decodes ``data.valid_set``
+(its first ``tune.max_sentences`` sentences; 0 = all) with evaluate's length limit, batch and
+precision. Greedy search (beam 1) has neither alpha nor stopping rule, so beam 1 is decoded once,
+with the smallest alpha and the first rule listed.
 
 The rule: the highest validation BLEU (sacrebleu, to 0.01 as reported); ties go to the smaller
-beam size, then to the smaller alpha (the cheaper search, the milder length bonus).
+beam size, then to the smaller alpha, then to fairseq's stopping rule before the exact one (the
+cheaper search, the milder length bonus, the earlier stop).
 
 Writes ``reports/tune.json`` (a DVC metric: the choice, the rule, every grid point's BLEU, chrF and
 length ratio), ``reports/tune/<valid_set>.<tgt_lang>`` (the validation translations with the chosen
@@ -30,38 +32,45 @@ from pipeline.text_files import read_lines
 from transformer.atomic import write_json, write_lines
 from transformer.checkpoint import file_sha256
 
-RULE = "highest validation BLEU; ties: the smaller beam size, then the smaller alpha"
+RULE = ("highest validation BLEU; ties: the smaller beam size, then the smaller alpha, then the fairseq "
+        "stopping rule before the exact one")
+CHEAPER_FIRST = {"fairseq": 0, "exact": 1}   # of two stopping rules, the one that stops sooner
+Point = tuple[int, float, str]               # beam size, alpha, stopping rule
 
 
-def grid(tune: TuneParams) -> list[tuple[int, float]]:
-    """Every (beam size, alpha) pair, ascending; beam 1 (greedy, alpha has no effect) once."""
+def grid(tune: TuneParams) -> list[Point]:
+    """Every (beam size, alpha, stopping rule), ascending; beam 1 (greedy: no length penalty, no
+    stopping rule) once."""
     alphas = sorted(tune.alphas)
-    return [(beam, alpha) for beam in sorted(tune.beam_sizes) for alpha in (alphas[:1] if beam == 1 else alphas)]
+    return [(beam, alpha, stopping) for beam in sorted(tune.beam_sizes)
+            for alpha in (alphas[:1] if beam == 1 else alphas)
+            for stopping in (tune.stoppings[:1] if beam == 1 else tune.stoppings)]
 
 
 def choose(points: list[dict[str, Any]]) -> dict[str, Any]:
-    """The rule: the highest BLEU (to 0.01); ties go to the smaller beam size, then the smaller alpha."""
-    return min(points, key=lambda p: (-round(p["bleu"], 2), p["beam_size"], p["alpha"]))
+    """The rule: the highest BLEU (to 0.01); ties go to the smaller beam size, then the smaller alpha,
+    then the stopping rule that stops sooner."""
+    return min(points, key=lambda p: (-round(p["bleu"], 2), p["beam_size"], p["alpha"],
+                                      CHEAPER_FIRST[p["stopping"]]))
 
 
-def search(translator: Translator, sources: list[str], references: list[str],
-           pairs: list[tuple[int, float]],
-           ) -> tuple[list[dict[str, Any]], dict[tuple[int, float], list[str]], list[float]]:
+def search(translator: Translator, sources: list[str], references: list[str], points: list[Point],
+           ) -> tuple[list[dict[str, Any]], dict[Point, list[str]], list[float]]:
     """Decode ``sources`` at every grid point; returns the points' scores, their translations and,
     apart (the machine's, not the model's), their decoding times in seconds."""
-    points, outputs, times = [], {}, []
-    for beam_size, alpha in pairs:
+    scored, outputs, times = [], {}, []
+    for beam_size, alpha, stopping in points:
         start = time.monotonic()
-        hypotheses = translator.translate(sources, beam_size, alpha)
+        hypotheses = translator.translate(sources, beam_size, alpha, stopping)
         seconds = time.monotonic() - start
         s = score(hypotheses, references)
-        points.append({"beam_size": beam_size, "alpha": alpha, "bleu": s["bleu"], "chrf": s["chrf"],
-                       "length_ratio": s["length_ratio"]})
-        outputs[(beam_size, alpha)] = hypotheses
+        scored.append({"beam_size": beam_size, "alpha": alpha, "stopping": stopping, "bleu": s["bleu"],
+                       "chrf": s["chrf"], "length_ratio": s["length_ratio"]})
+        outputs[(beam_size, alpha, stopping)] = hypotheses
         times.append(round(seconds, 2))
-        print(f"beam {beam_size}  alpha {alpha:<4g}  BLEU {s['bleu']:6.2f}  chrF {s['chrf']:6.2f}  "
-              f"length ratio {s['length_ratio']:.3f}  ({seconds:.1f} s)", flush=True)
-    return points, outputs, times
+        print(f"beam {beam_size}  alpha {alpha:<4g}  stopping {stopping:<7}  BLEU {s['bleu']:6.2f}  "
+              f"chrF {s['chrf']:6.2f}  length ratio {s['length_ratio']:.3f}  ({seconds:.1f} s)", flush=True)
+    return scored, outputs, times
 
 
 def tune(params: Params) -> dict[str, Any]:
@@ -76,24 +85,24 @@ def tune(params: Params) -> dict[str, Any]:
     translator = build_translator(checkpoint, params, beam_size=1, alpha=0.0)   # each grid point's set per call
     pairs = grid(t)
     print(f"tuning on {data.valid_set} ({len(sources)} sentences): beam sizes {sorted(t.beam_sizes)} x alphas "
-          f"{sorted(t.alphas)}, {len(pairs)} decodes", flush=True)
+          f"{sorted(t.alphas)} x stopping {t.stoppings}, {len(pairs)} decodes", flush=True)
     points, outputs, times = search(translator, sources, references, pairs)
     chosen = choose(points)
     seconds = time.monotonic() - start_all
-    best = outputs[(chosen["beam_size"], chosen["alpha"])]
+    best = outputs[(chosen["beam_size"], chosen["alpha"], chosen["stopping"])]
     signature = score(best, references)["signature"]
     report = {"valid_set": data.valid_set, "sentences": len(sources), "rule": RULE,
-              "chosen": {k: chosen[k] for k in ("beam_size", "alpha", "bleu", "chrf", "length_ratio")},
+              "chosen": {k: chosen[k] for k in ("beam_size", "alpha", "stopping", "bleu", "chrf", "length_ratio")},
               "signature": signature, "grid": points}
     write_lines(TUNE_DIR / f"{data.valid_set}.{data.tgt_lang}", best)
 
     model_sha256 = file_sha256(paths.AVERAGED_MODEL)
     write_json(TUNE_REPORT, report)
     write_json(TUNE_RUN, {"model_sha256": model_sha256, "valid_set": data.valid_set, "sentences": len(sources),
-                          "beam_size": chosen["beam_size"], "alpha": chosen["alpha"], "max_len_b": e.max_len_b,
-                          "batch_sentences": e.batch_sentences, "precision": e.precision})
-    print(f"chosen: beam {chosen['beam_size']}, alpha {chosen['alpha']:g} (BLEU {chosen['bleu']:.2f} on "
-          f"{data.valid_set}; {RULE}) in {seconds:.0f} s", flush=True)
+                          "beam_size": chosen["beam_size"], "alpha": chosen["alpha"], "stopping": chosen["stopping"],
+                          "max_len_b": e.max_len_b, "batch_sentences": e.batch_sentences, "precision": e.precision})
+    print(f"chosen: beam {chosen['beam_size']}, alpha {chosen['alpha']:g}, stopping {chosen['stopping']} (BLEU "
+          f"{chosen['bleu']:.2f} on {data.valid_set}; {RULE}) in {seconds:.0f} s", flush=True)
     if record_run:
         record(params, chosen, report, model_sha256, seconds, times)
     return report
@@ -106,7 +115,8 @@ def record(params: Params, chosen: dict[str, Any], report: dict[str, Any], model
     from pipeline.tracking import links, runs
 
     section = {k: v for k, v in params.flat().items() if k.startswith("tune.")}
-    section.update({"tune.chosen_beam_size": chosen["beam_size"], "tune.chosen_alpha": chosen["alpha"]})
+    section.update({"tune.chosen_beam_size": chosen["beam_size"], "tune.chosen_alpha": chosen["alpha"],
+                    "tune.chosen_stopping": chosen["stopping"]})
     model_run = links.find_run(links.LINK_MODEL, model_sha256, params.tracking.experiment)
     run_id = runs.stage_run(model_run, params.tracking.experiment, section, "tune")
     links.link_run(run_id, links.LINK_TUNED, model_sha256)   # evaluate logs into the same run

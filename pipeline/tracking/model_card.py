@@ -99,9 +99,10 @@ def model_card(name: str, version: str, run: Any, *, metrics: Mapping[str, Any],
     lines += [
         "", "## Decoding", "",
         f"Beam size {decoding.get('beam_size')} ({origin('beam_size')}), length penalty alpha "
-        f"{decoding.get('alpha')} ({origin('alpha')}), output up to source length + {decoding.get('max_len_b')} "
+        f"{decoding.get('alpha')} ({origin('alpha')}), stopping rule {decoding.get('stopping', 'exact')} "
+        f"({origin('stopping')}), output up to source length + {decoding.get('max_len_b')} "
         f"pieces, {decoding.get('precision', 'fp32')}. The served model uses these unless a request's "
-        "`params` set `beam_size` / `alpha`.",
+        "`params` set `beam_size` / `alpha` / `stopping`.",
         "", "## Training data", "",
     ]
     train_split = (corpus_stats or {}).get("splits", {}).get("train", {})

@@ -31,7 +31,8 @@ TINY = {
               "log_every": 10, "validate_every": 20,
               "precision": "fp32", "device": "cpu"},
     "average": {"last_n": 3},
-    "tune": {"alphas": [0.6, 1.0]},   # beam 4 (params.yaml's) x 2 alphas on the whole validation set
+    # beam 4 (params.yaml's) x 2 alphas x both stopping rules on the whole validation set
+    "tune": {"alphas": [0.6, 1.0], "stoppings": ["exact", "fairseq"]},
     "evaluate": {"beam_size": 2, "max_len_b": 8, "batch_sentences": 250, "attention_sentences": 1},
     "tracking": {"experiment": "test-experiment", "registered_model": "test-translator"},
 }

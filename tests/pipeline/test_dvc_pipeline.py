@@ -66,12 +66,15 @@ def test_tune_params_rerun_tune_and_evaluate_and_explicit_settings_win(workspace
                                                     "max_sentences": 200}) == [
         "Running stage 'tune':", "Running stage 'evaluate':"]
     report = json.loads((copy / "reports/tune.json").read_text())
-    assert [(p["beam_size"], p["alpha"]) for p in report["grid"]] == [(1, 0.6), (2, 0.6), (2, 1.0)]
+    assert [(p["beam_size"], p["alpha"], p["stopping"]) for p in report["grid"]] == [
+        (1, 0.6, "exact"), (2, 0.6, "exact"), (2, 0.6, "fairseq"), (2, 1.0, "exact"), (2, 1.0, "fairseq")]
     assert report["sentences"] == 200
     metrics = json.loads((copy / "reports/metrics.json").read_text())
     chosen = report["chosen"]
-    assert {k: metrics["decoding"][k] for k in ("beam_size", "alpha", "beam_size_from", "alpha_from")} == {
-        "beam_size": chosen["beam_size"], "alpha": chosen["alpha"], "beam_size_from": "tune", "alpha_from": "tune"}
+    assert {k: metrics["decoding"][k] for k in ("beam_size", "alpha", "stopping", "beam_size_from", "alpha_from",
+                                                 "stopping_from")} == {
+        "beam_size": chosen["beam_size"], "alpha": chosen["alpha"], "stopping": chosen["stopping"],
+        "beam_size_from": "tune", "alpha_from": "tune", "stopping_from": "tune"}
     # tune decoded 200 of the 1014 validation sentences: evaluate decodes the whole set itself
     assert metrics["dev"]["val"]["sentences"] == 1014 and metrics["dev"]["val"]["translated_by"] == "evaluate"
 

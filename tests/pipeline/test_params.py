@@ -179,24 +179,36 @@ def test_init_files_are_relative_to_the_params_file(tmp_path, monkeypatch):
 
 
 def test_decoding_comes_from_tune_unless_params_set_it(tmp_path):
-    """evaluate.beam_size / evaluate.alpha null: the tune stage's choice; a value wins, key by key;
-    the source of each is recorded."""
+    """evaluate.beam_size / evaluate.alpha / evaluate.stopping null: the tune stage's choice; a value
+    wins, key by key; the source of each is recorded."""
     params = load_params(REPO / "params.yaml")
-    assert (params.evaluate.beam_size, params.evaluate.alpha) == (None, None)   # the shipped default: tune decides
+    # the shipped default: tune decides
+    assert (params.evaluate.beam_size, params.evaluate.alpha, params.evaluate.stopping) == (None, None, None)
     assert params.gate_set == params.data.valid_set == "val"
     report = tmp_path / "tune.json"
-    report.write_text('{"chosen": {"beam_size": 4, "alpha": 1.5, "bleu": 39.1}}')
+    report.write_text('{"chosen": {"beam_size": 4, "alpha": 1.5, "stopping": "fairseq", "bleu": 39.1}}')
     d = decoding_settings(EvaluateParams(), report)
-    assert (d.beam_size, d.alpha, d.beam_size_from, d.alpha_from) == (4, 1.5, "tune", "tune")
-    d = decoding_settings(EvaluateParams(beam_size=1), report)
-    assert (d.beam_size, d.alpha, d.beam_size_from, d.alpha_from) == (1, 1.5, "params", "tune")
-    d = decoding_settings(EvaluateParams(beam_size=5, alpha=0.6), tmp_path / "missing.json")   # not read
-    assert d.as_dict() == {"beam_size": 5, "alpha": 0.6, "beam_size_from": "params", "alpha_from": "params"}
-    with pytest.raises(ParamsError, match="missing.json does not exist: evaluate.alpha null means the tune stage's"):
-        decoding_settings(EvaluateParams(beam_size=5), tmp_path / "missing.json")
-    report.write_text('{"chosen": {"beam_size": 0, "alpha": 1.5}}')
+    assert (d.beam_size, d.alpha, d.stopping, d.beam_size_from, d.alpha_from, d.stopping_from) == (
+        4, 1.5, "fairseq", "tune", "tune", "tune")
+    d = decoding_settings(EvaluateParams(beam_size=1, stopping="exact"), report)
+    assert (d.beam_size, d.alpha, d.stopping, d.beam_size_from, d.alpha_from, d.stopping_from) == (
+        1, 1.5, "exact", "params", "tune", "params")
+    d = decoding_settings(EvaluateParams(beam_size=5, alpha=0.6, stopping="exact"), tmp_path / "missing.json")
+    assert d.as_dict() == {"beam_size": 5, "alpha": 0.6, "stopping": "exact", "beam_size_from": "params",
+                           "alpha_from": "params", "stopping_from": "params"}   # the report is not read
+    with pytest.raises(ParamsError, match="missing.json does not exist: evaluate.stopping null means the tune stage"):
+        decoding_settings(EvaluateParams(beam_size=5, alpha=0.6), tmp_path / "missing.json")
+    report.write_text('{"chosen": {"beam_size": 0, "alpha": 1.5, "stopping": "exact"}}')
     with pytest.raises(ParamsError, match="holds no valid choice"):
         decoding_settings(EvaluateParams(), report)
+    report.write_text('{"chosen": {"beam_size": 4, "alpha": 1.5}}')   # a report from before the rule was tuned
+    with pytest.raises(ParamsError, match=r"holds no valid choice \(KeyError: 'stopping'\): rerun the tune stage"):
+        decoding_settings(EvaluateParams(), report)
+
+
+def test_a_bad_stopping_rule_names_its_key():
+    with pytest.raises(ValueError, match="evaluate.stopping must be one of exact, fairseq, got 'early'"):
+        EvaluateParams(stopping="early")
 
 
 def test_explicit_decoding_and_gate_set_load(tmp_path):

@@ -2,6 +2,8 @@
 and the decoding contract the searches use (``Transformer.decode_step``, ``reorder_cache``,
 ``select_sentences``)."""
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 
@@ -273,6 +275,16 @@ def count_rows(model):
     return rows
 
 
+def ending_at_every_length() -> Iterator[tuple[Transformer, torch.Tensor, list[int]]]:
+    """Three random models (d_model 16, seeds 0-2) with the EOS logit raised by 1, 2 or 3, so that
+    hypotheses end at every length, each with 30 sentences and its counter of decoded rows."""
+    for seed in range(3):
+        torch.manual_seed(seed)
+        model = Transformer(build_config("tiny", 24, d_model=16, n_heads=2, d_ff=32)).eval()
+        suppress(model, EOS_ID, 1.0 + seed)
+        yield model, pad_batch(random_sentences(100 + seed)), count_rows(model)
+
+
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0, 2.0])
 def test_early_stopping_returns_the_best_of_the_search_run_to_the_length_limit(alpha):
     """The stopping bound is exact: on random models (d_model 16, 3 seeds x 30 sentences, the EOS
@@ -280,13 +292,8 @@ def test_early_stopping_returns_the_best_of_the_search_run_to_the_length_limit(a
     same best hypotheses and scores as the search without it, and with alpha <= 1 saves work
     (alpha 2: lp at the maximum length is too large here for the bound to stop any sooner)."""
     saved = 0
-    for seed in range(3):
-        torch.manual_seed(seed)
-        model = Transformer(build_config("tiny", 24, d_model=16, n_heads=2, d_ff=32)).eval()
-        suppress(model, EOS_ID, 1.0 + seed)
-        src = pad_batch(random_sentences(100 + seed))
-        rows = count_rows(model)
-        full = beam_search(model, src, beam_size=4, alpha=alpha, max_len_b=10, early_stopping=False)
+    for model, src, rows in ending_at_every_length():
+        full = beam_search(model, src, beam_size=4, alpha=alpha, max_len_b=10, stopping="none")
         full_rows = sum(rows)
         rows.clear()
         early = beam_search(model, src, beam_size=4, alpha=alpha, max_len_b=10)
@@ -295,6 +302,31 @@ def test_early_stopping_returns_the_best_of_the_search_run_to_the_length_limit(a
         assert sum(rows) <= full_rows
         saved += full_rows - sum(rows)
     assert saved > 0 or alpha > 1.0
+
+
+@pytest.mark.parametrize("alpha", [0.6, 2.0])
+def test_fairseqs_stopping_rule_stops_at_beam_size_finished_with_no_better_result(alpha):
+    """``stopping="fairseq"`` follows the same search and stops a sentence as soon as it has
+    beam_size finished hypotheses: never more decoder work than the exact rule, never a better
+    score (what it returns was among the exact search's finished hypotheses too), and here, with
+    hypotheses ending at every length, less work; at alpha 2, where the length bonus keeps paying,
+    worse results too (21 of these 90 sentences; none at alpha 0.6)."""
+    worse = saved = 0
+    for model, src, rows in ending_at_every_length():
+        exact = beam_search(model, src, beam_size=4, alpha=alpha, max_len_b=10)
+        exact_rows = sum(rows)
+        rows.clear()
+        fairseq = beam_search(model, src, beam_size=4, alpha=alpha, max_len_b=10, stopping="fairseq")
+        assert sum(rows) <= exact_rows
+        saved += exact_rows - sum(rows)
+        for i, (f, e) in enumerate(zip(fairseq.scores, exact.scores)):
+            assert f <= e + 1e-6
+            worse += f < e - 1e-6
+            if f == pytest.approx(e, abs=1e-6):
+                assert fairseq.hypotheses[i] == exact.hypotheses[i]
+    assert saved > 0 and (worse > 0) == (alpha > 1)
+    with pytest.raises(ValueError, match="stopping must be one of exact, fairseq, none"):
+        beam_search(model, src, beam_size=4, stopping="soon")
 
 
 class PrefixCache:
@@ -343,7 +375,7 @@ def test_early_stopping_is_exact_where_a_current_length_bound_is_not(alpha):
     for seed in range(4):
         model = MarkovModel(24, seed, sharpness=2.0)
         src = pad_batch(random_sentences(seed))
-        full = beam_search(model, src, beam_size=4, alpha=alpha, max_len_b=10, early_stopping=False)
+        full = beam_search(model, src, beam_size=4, alpha=alpha, max_len_b=10, stopping="none")
         early = beam_search(model, src, beam_size=4, alpha=alpha, max_len_b=10)
         assert early.hypotheses == full.hypotheses
         assert early.scores == pytest.approx(full.scores, abs=1e-6)

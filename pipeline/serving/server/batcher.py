@@ -2,7 +2,7 @@
 
 A request's sentences join a bounded queue (full: ``QueueFull``, answered 429). The thread takes
 everything queued, up to ``max_batch_tokens`` source pieces, groups it by the version the request
-was accepted on and its decoding settings (beam size, alpha), decodes each group as one call of
+was accepted on and its decoding settings (beam size, alpha, stopping rule), decodes each group as one call of
 the translator (which sorts by length), and hands each request its own translations. No timer:
 a free thread takes what is there (Marian's Bergamot does the same), so one request alone is
 decoded at once and a burst is decoded together. A request whose deadline passed before its batch
@@ -38,6 +38,7 @@ class Job:
     model: Any            # the ServedModel current when the request was accepted
     beam_size: int
     alpha: float
+    stopping: str
     deadline: float       # time.monotonic() by which its batch must have started
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
@@ -121,9 +122,9 @@ class Batcher:
                     job.answer(error=DeadlineExceeded(f"waited {now - job.queued_at:.2f} s in the queue"))
                 else:
                     live.append(job)
-            groups: dict[tuple[int, int, float], list[Job]] = {}
+            groups: dict[tuple[int, int, float, str], list[Job]] = {}
             for job in live:
-                groups.setdefault((id(job.model), job.beam_size, job.alpha), []).append(job)
+                groups.setdefault((id(job.model), job.beam_size, job.alpha, job.stopping), []).append(job)
             for group in groups.values():
                 self._decode(group)
 
@@ -133,7 +134,7 @@ class Batcher:
         started = time.monotonic()
         try:
             with torch.inference_mode():
-                hypotheses = first.model.translator.translate_ids(ids, first.beam_size, first.alpha)
+                hypotheses = first.model.translator.translate_ids(ids, first.beam_size, first.alpha, first.stopping)
             texts = first.model.translator.tokenizer.decode(hypotheses)
         except Exception as err:   # noqa: BLE001 - answered as a 500 to each request of the batch
             for job in group:

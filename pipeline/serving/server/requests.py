@@ -1,7 +1,7 @@
 """MLflow's scoring-server request and error formats, so existing clients work unchanged:
 ``{"dataframe_records": [{"text": ...}]}``, ``{"dataframe_split": {"columns": [...], "data": [...]}}``,
 ``{"inputs": {"text": [...]}}`` / ``{"inputs": [...]}``, ``{"instances": [...]}``, each with an
-optional ``"params": {"beam_size": 4, "alpha": 0.6}``; answers ``{"predictions": [...]}``, errors
+optional ``"params": {"beam_size": 4, "alpha": 0.6, "stopping": "exact"}``; answers ``{"predictions": [...]}``, errors
 ``{"error_code": ..., "message": ...}``. The sentences are checked exactly as the registered pyfunc
 model checks them (``pipeline.serving.mlflow_model``), with the same messages."""
 
@@ -50,7 +50,7 @@ def model_input_of(body: Any) -> tuple[Any, dict[str, Any]]:
     return data, params
 
 
-def checked(translator: Translator, body: Any) -> tuple[list[list[int]], int, float]:
+def checked(translator: Translator, body: Any) -> tuple[list[list[int]], int, float, str]:
     """The pieces of each sentence and the decoding settings of a request; BadRequest (400) with the
     pyfunc model's own message for anything it would refuse."""
     data, params = model_input_of(body)
@@ -58,10 +58,10 @@ def checked(translator: Translator, body: Any) -> tuple[list[list[int]], int, fl
     checker.translator = translator
     try:
         ids = checker.check(sentences_of(data))
-        beam_size, alpha = checker.decoding(params)
+        beam_size, alpha, stopping = checker.decoding(params)
     except MlflowException as err:
         raise BadRequest(err.message) from None
-    return ids, beam_size, alpha
+    return ids, beam_size, alpha, stopping
 
 
 __all__ = ["BadRequest", "checked", "invalid", "model_input_of"]

@@ -200,6 +200,7 @@ def test_records_and_inputs_forms_translate_like_the_translator(served):
     ({"dataframe_records": [{"text": "word " * 300}]}, f"has 1500 characters; at most {MAX_CHARS}"),
     ({"dataframe_records": [{"text": "Zq" * 400}]}, "pieces long; the model reads at most 255"),
     ({"dataframe_records": [{"text": "A dog."}], "params": {"beam_size": 99}}, "beam_size must be between 1 and 16"),
+    ({"inputs": ["A dog."], "params": {"stopping": "soon"}}, "stopping must be one of exact, fairseq"),
     ({"dataframe_records": [{"text": "A dog."}] * 300}, "300 sentences in one request; at most 256"),
     ({"dataframe_records": [{"other": "A dog."}]}, "text"),
 ])

@@ -138,6 +138,8 @@ def test_mlflow_request_formats_translate_like_the_translator(server, registered
         assert (status, body.get("predictions")) == (200, expected), (payload, body)
     status, body, _ = server.post({"inputs": SOURCES, "params": {"beam_size": 1}})
     assert body["predictions"] == registered.translator.translate(SOURCES, beam_size=1)
+    status, body, _ = server.post({"inputs": SOURCES, "params": {"stopping": "fairseq"}})
+    assert body["predictions"] == registered.translator.translate(SOURCES, stopping="fairseq")
 
 
 @pytest.mark.parametrize("payload, message", [
@@ -145,6 +147,7 @@ def test_mlflow_request_formats_translate_like_the_translator(server, registered
     ({"dataframe_records": [{"text": 42}]}, "42"),
     ({"dataframe_records": [{"text": "word " * 300}]}, "has 1500 characters; at most 1000"),
     ({"dataframe_records": [{"text": "A dog."}], "params": {"beam_size": 99}}, "beam_size must be between 1 and 16"),
+    ({"inputs": ["A dog."], "params": {"stopping": "soon"}}, "stopping must be one of exact, fairseq, got str 'soon'"),
     ({"dataframe_records": [{"text": "A dog."}] * 300}, "300 sentences in one request; at most 256"),
     ({"text": "A dog."}, "exactly one of dataframe_records"),
 ])

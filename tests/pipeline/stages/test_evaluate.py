@@ -36,12 +36,13 @@ def first_run_metrics(workspace) -> dict:
 
 
 def test_decoding_settings_and_their_sources_are_recorded(workspace):
-    """The tiny params set evaluate.beam_size (2) and leave evaluate.alpha null: beam from params,
-    alpha from the tune stage's choice on the validation set."""
+    """The tiny params set evaluate.beam_size (2) and leave evaluate.alpha and evaluate.stopping null:
+    beam from params, alpha and stopping rule from the tune stage's choice on the validation set."""
     metrics = first_run_metrics(workspace)
-    tuned = json.loads((workspace.path / "reports/tune.json").read_text())["chosen"]
+    tuned = json.loads(workspace.first_outputs["reports/tune.json"])["chosen"]
     assert metrics["decoding"] == {"beam_size": 2, "beam_size_from": "params", "alpha": tuned["alpha"],
-                                   "alpha_from": "tune", "max_len_b": 8, "precision": "fp32"}
+                                   "alpha_from": "tune", "stopping": tuned["stopping"], "stopping_from": "tune",
+                                   "max_len_b": 8, "precision": "fp32"}
 
 
 def test_validation_translations_for_the_gate(workspace):
