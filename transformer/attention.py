@@ -12,6 +12,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+# Query rows (batch x heads x queries) up to which CPU attention without weights takes PyTorch's
+# fused kernel: a beam of one or a few sentences per decoding step, where operator calls, not
+# arithmetic, cost the time (bench/decode_latency.py).
+FUSED_CPU_MAX_ROWS = 64
+
 
 def scaled_dot_product_attention(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
@@ -27,11 +32,15 @@ def scaled_dot_product_attention(
             are None and, on GPUs, PyTorch's fused kernel computes the output. On CPU the
             explicit form below is faster for translation-length sequences (measured: 3.6 ms
             against 27 ms for PyTorch's CPU flash kernel, forward and backward, bf16,
-            B=200, h=4, T=20), so it is used there.
+            B=200, h=4, T=20), so it is used there, except for blocks of at most
+            ``FUSED_CPU_MAX_ROWS`` query rows (one sentence's beam in incremental decoding), where
+            the fused kernel's one operator call costs less than the explicit form's dozen.
     Returns:
         (output (..., T, d_v), weights or None)
     """
-    if not return_weights and q.device.type != "cpu":
+    fused = q.device.type != "cpu" or (q.numel() <= FUSED_CPU_MAX_ROWS * q.size(-1)
+                                        and not (is_causal and mask is not None))
+    if not return_weights and fused:
         if is_causal and mask is not None:
             raise ValueError("pass either a mask or is_causal=True, not both")
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
@@ -159,9 +168,8 @@ class MultiHeadAttention(nn.Module):
         Returns (output (B, T, D), weights (B, h, T, S) or None).
         """
         d = self.d_model
-        if memory is None:
-            q, k, v = self._project(x, "qkv").split(d, dim=-1)
-            q, k, v = self._split(q), self._split(k), self._split(v)
+        if memory is None:  # (B, T, 3D) -> 3 x (B, h, T, d) in one permuted view
+            q, k, v = self._project(x, "qkv").view(x.size(0), x.size(1), 3, self.n_heads, -1).permute(2, 0, 3, 1, 4)
             if cache is not None:
                 k, v = cache.append(k, v)
         else:
