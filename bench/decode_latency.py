@@ -8,15 +8,15 @@ greedy), in-process, with ``--threads`` intra-op threads for both: (a) ours,
 penalty is not GNMT's, so a few outputs differ). Latencies are the median of ``--rounds``
 interleaved rounds per sentence, then p50/p95 over sentences.
 
-The stopping rule: ours with ``stopping="fairseq"`` (a sentence stops once beam_size hypotheses have
-finished) beside the default exact rule (once none of the live ones can beat them, even at the length
-limit), with each rule's decoding steps per sentence against the length of what it returns, and how
-many outputs the two share.
+The decoding settings default to what is served and scored: params.yaml's evaluate section with the
+tune stage's choice on val (``reports/tune.json``) for beam size, alpha and stopping rule. Beside
+them, ours with the other stopping rule (exact: a sentence stops once none of its live hypotheses
+can beat the beam_size finished ones, even at the length limit; fairseq: once beam_size have
+finished), with each rule's decoding steps per sentence against the length of what it returns.
 
-Then ``torch.profiler`` records ours on the same sentences (beam): the time inside PyTorch
-operators (their self CPU time, by operator) against the wall time; the rest is Python (the
-search's bookkeeping, the model's module calls) and the dispatcher's overhead between operators.
-Steps are counted by ``aten::_log_softmax`` (one per decoding step of the search).
+Per step: both decoders forced to the same number of steps (ours to the length limit, CTranslate2
+with min = max decoding length) on the first sentences, so that ms per step compare the same work
+whatever each one's stopping rule.
 
 The last line is ``ratio=<ours p50 / CTranslate2 p50>`` (beam; the serving issue's goal: at most 2).
 
@@ -37,10 +37,13 @@ import ctranslate2
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from pipeline.serving.decoding import DecodingConfig
+from pipeline.params import PARAMS_FILE
+from pipeline.serving.decoding import STOPPING, DecodingConfig
 from pipeline.serving.export import export_ctranslate2, sentencepiece_vocabulary
+from pipeline.serving.translate import decoding_defaults
 from pipeline.serving.translator import Translator
 from transformer.checkpoint import load_model
+from transformer.search import beam_search
 from transformer.tokenizer import Tokenizer
 
 Decode = Callable[[Sequence[int]], list[int]]
@@ -94,12 +97,22 @@ def main() -> None:
     parser.add_argument("--tokenizer", type=Path, default=Path("data/tokenizer/spm.model"))
     parser.add_argument("--data", type=Path, default=Path("data/corpus/test_2016_flickr.en"))
     parser.add_argument("--sentences", type=int, default=60)
-    parser.add_argument("--beam", type=int, default=4)
-    parser.add_argument("--alpha", type=float, default=1.0)
+    parser.add_argument("--params", type=Path, default=PARAMS_FILE)
+    parser.add_argument("--beam", type=int, help="default: what the params file and the tune report serve")
+    parser.add_argument("--alpha", type=float, help="default: what the params file and the tune report serve")
+    parser.add_argument("--stopping", choices=STOPPING, help="default: what the params file and the tune report serve")
     parser.add_argument("--max-len-b", type=int, default=50)
+    parser.add_argument("--forced-steps", type=int, default=30, help="steps of the per-step comparison")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
+    served, source = decoding_defaults(args.params)
+    for key, arg in (("beam_size", "beam"), ("alpha", "alpha"), ("stopping", "stopping")):
+        if getattr(args, arg) is None:
+            setattr(args, arg, served[key])
+        else:
+            source[key] = "the command line"
+    other_rule = next(rule for rule in STOPPING if rule != args.stopping)
     for path in (args.model, args.tokenizer, args.data):
         if not path.is_file():
             parser.error(f"{path} does not exist: run the pipeline (make run) or name the files")
@@ -109,9 +122,10 @@ def main() -> None:
     ids = tokenizer.encode(lines)
     print(f"CPU: {cpu_name()}; torch {torch.__version__}, {args.threads} thread(s); CTranslate2 "
           f"{ctranslate2.__version__}; {args.model} ({model.num_parameters():,} parameters); {len(ids)} sentences "
-          f"of {args.data}, one at a time, beam {args.beam}, alpha {args.alpha}")
+          f"of {args.data}, one at a time, beam {args.beam}, alpha {args.alpha}, stopping {args.stopping} (from "
+          f"{source['beam_size']}; {source['alpha']}; {source['stopping']})")
 
-    ours = Translator(model, tokenizer, DecodingConfig(beam_size=args.beam, alpha=args.alpha,
+    ours = Translator(model, tokenizer, DecodingConfig(beam_size=args.beam, alpha=args.alpha, stopping=args.stopping,
                                                        max_len_b=args.max_len_b, batch_sentences=1))
     steps = count_steps(ours)
     with tempfile.TemporaryDirectory() as workdir:
@@ -122,17 +136,17 @@ def main() -> None:
                                      intra_threads=args.threads, inter_threads=1)
         limit = min(args.max_len_b, model.config.max_positions - 1)
 
-        def ctranslate2_decode(beam: int) -> Decode:
+        def ctranslate2_decode(beam: int, forced: int = 0) -> Decode:
             def decode(s: Sequence[int]) -> list[int]:
+                most = forced or min(len(s) + limit, model.config.max_positions - 1)
                 r = ct2.translate_batch([[vocab[t] for t in s]], beam_size=beam, length_penalty=args.alpha,
-                                        min_decoding_length=0,
-                                        max_decoding_length=min(len(s) + limit, model.config.max_positions - 1))
+                                        min_decoding_length=forced, max_decoding_length=most)
                 return [index[p] for p in r[0].hypotheses[0]]
             return decode
 
         decoders: dict[str, Decode] = {
             "ours, beam": lambda s: ours.translate_ids([s])[0],
-            "ours, beam, fairseq stopping": lambda s: ours.translate_ids([s], stopping="fairseq")[0],
+            f"ours, beam, {other_rule} stopping": lambda s: ours.translate_ids([s], stopping=other_rule)[0],
             "CTranslate2, beam": ctranslate2_decode(args.beam),
             "ours, greedy": lambda s: ours.translate_ids([s], beam_size=1)[0],
             "CTranslate2, greedy": ctranslate2_decode(1),
@@ -140,10 +154,18 @@ def main() -> None:
         measured = latencies(decoders, ids, args.rounds)
         same = sum(decoders["ours, beam"](s) == decoders["CTranslate2, beam"](s) for s in ids)
         rules = {}
-        for rule in ("exact", "fairseq"):
+        for rule in STOPPING:
             steps.clear()
             outputs = [ours.translate_ids([s], stopping=rule)[0] for s in ids]
             rules[rule] = (outputs, sum(steps) / len(ids), statistics.mean(len(o) + 1 for o in outputs))
+        # The same number of steps for both: ours searches to a length limit of exactly forced_steps
+        # (max_len_b counts from the source length), CTranslate2 may neither stop sooner nor later.
+        forced = args.forced_steps
+        few = ids[:10]
+        per_step = latencies({
+            "ours": lambda s: beam_search(ours.model, ours.source_tensor([s]), beam_size=args.beam, alpha=args.alpha,
+                                          max_len_b=forced - len(s) - 1, stopping="none").hypotheses[0],
+            "CTranslate2": ctranslate2_decode(args.beam, forced)}, [s for s in few if len(s) + 1 < forced], args.rounds)
     print("| decoder | p50 | p95 | mean |")
     print("|---|---:|---:|---:|")
     for name, values in measured.items():
@@ -155,6 +177,9 @@ def main() -> None:
               "(EOS counted)")
     shared = sum(a == b for a, b in zip(rules["exact"][0], rules["fairseq"][0]))
     print(f"outputs the two rules share: {shared}/{len(ids)}")
+    ours_step, theirs_step = (statistics.median(per_step[name]) / forced for name in ("ours", "CTranslate2"))
+    print(f"per step, both forced to {forced} steps (beam {args.beam}): ours {ours_step:.2f} ms, CTranslate2 "
+          f"{theirs_step:.2f} ms ({ours_step / theirs_step:.2f}x)")
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         started = time.perf_counter()
