@@ -141,7 +141,7 @@ def test_training_flow_runs_the_stages_and_returns_the_metrics(trained, ws):
 @needs_mirror
 def test_a_registered_version_translates_as_the_evaluate_stage_did(trained, ws):
     """The gate's champion side: the version's own checkpoint and tokenizer, and its own registered
-    decoding settings (beam 2 from params, alpha from tune) on the validation and test sets."""
+    decoding settings (beam 2 from params, alpha and stopping rule from tune) on the validation and test sets."""
     import json
 
     import mlflow
@@ -153,7 +153,7 @@ def test_a_registered_version_translates_as_the_evaluate_stage_did(trained, ws):
                for name in ("val", "test_2016_flickr")}
     got, used = gate.translate_with_version(client, MODEL, "1", sources, beam_size=None, alpha=None, max_len_b=8,
                                             batch_sentences=250, tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
-    assert used == {"beam_size": 2, "alpha": decoding["alpha"]}
+    assert used == {"beam_size": 2, "alpha": decoding["alpha"], "stopping": decoding["stopping"]}
     for name in sources:
         logged = mlflow.artifacts.download_artifacts(run_id=version.run_id, artifact_path=f"translations/{name}.de",
                                                      tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
