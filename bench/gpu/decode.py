@@ -1,10 +1,11 @@
 """Beam-search decoding speed of a trained model on a test set, in fp32 and bf16 (§6.1: beam 4).
 
 The pipeline's own translator (``pipeline.serving.translator``, the evaluate stage's) decodes every
-sentence of ``--sources`` with the beam and alpha the tune stage chose on val (``--tune``), in batches
-of ``--batch-sentences``, once untimed (CUDA kernels and allocator warmed up) and then ``--rounds``
-times timed; the figure is sentences per second over the median round, with the BLEU of the output
-(so that a fast but broken precision shows). bf16 casts the weights once (``precision: bf16``).
+sentence of ``--sources`` with the beam, alpha and stopping rule the tune stage chose on val
+(``--tune``), in batches of ``--batch-sentences``, once untimed (CUDA kernels and allocator warmed
+up) and then ``--rounds`` times timed; the figure is sentences per second over the median round,
+with the BLEU of the output (so that a fast but broken precision shows). bf16 casts the weights
+once (``precision: bf16``).
 
     python -m bench.gpu.decode --workspace DIR [--device cuda] [--batch-sentences 64 256] [--rounds 3]
 
@@ -51,16 +52,18 @@ def main() -> None:
     if args.max_sentences:
         sources, references = sources[:args.max_sentences], references[:args.max_sentences]
     chosen = json.loads((ws / "reports" / "tune.json").read_text())["chosen"]
+    stopping = chosen.get("stopping", "exact")   # tune reports from before the rule was tuned: the exact rule
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    print(f"{test_set}: {len(sources)} sentences, beam {chosen['beam_size']}, alpha {chosen['alpha']} (tune's "
-          f"choice on val), max_len_b {params['evaluate']['max_len_b']}, on {name}, torch {torch.__version__}")
+    print(f"{test_set}: {len(sources)} sentences, beam {chosen['beam_size']}, alpha {chosen['alpha']}, "
+          f"stopping {stopping} (tune's choice on val), max_len_b {params['evaluate']['max_len_b']}, on {name}, "
+          f"torch {torch.__version__}")
     rates: dict[tuple[str, int], float] = {}
     for precision in ("fp32", "bf16"):
         for batch in args.batch_sentences:
             decoding = DecodingConfig(beam_size=chosen["beam_size"], alpha=chosen["alpha"],
                                       max_len_b=params["evaluate"]["max_len_b"], batch_sentences=batch,
-                                      precision=precision)
+                                      precision=precision, stopping=stopping)
             translator = load_translator(ws / "models" / "model.pt", ws / "data" / "tokenizer" / "spm.model",
                                          decoding, device)
             hypotheses = translator.translate(sources)   # untimed: kernels chosen, allocator warmed

@@ -111,6 +111,7 @@ class Workspace:
                 "parameters": train.get("parameters"),
                 "valid_bleu": tune.get("chosen", {}).get("bleu"),
                 "beam_size": tune.get("chosen", {}).get("beam_size"), "alpha": tune.get("chosen", {}).get("alpha"),
+                "stopping": tune.get("chosen", {}).get("stopping", "exact"),
                 "test": {t: {k: metrics[t][k] for k in ("bleu", "chrf")} for t in test_sets if t in metrics},
                 "model": self.params["model"], "train": self.params["train"]}
 

@@ -108,7 +108,8 @@ def recipe_rows(work: Path, name: str, label: str) -> list[tuple[str, str, str, 
                      f"<= {GOALS['train_minutes']:g} min ({met(minutes, GOALS['train_minutes'], higher=False)})"
                      if chosen else "", name))
         if r.get("valid_bleu") is not None:
-            rows.append((f"{tag}: val BLEU (beam {r.get('beam_size')}, alpha {r.get('alpha')})",
+            rows.append((f"{tag}: val BLEU (beam {r.get('beam_size')}, alpha {r.get('alpha')}, "
+                          f"stopping {r.get('stopping', 'exact')})",
                          f"{r['valid_bleu']:.2f}", "", name))
         for test_set, scores in (r.get("test") or {}).items():
             rows.append((f"{tag}: test BLEU {test_set} (chrF {scores['chrf']:.2f})", f"{scores['bleu']:.2f}",
