@@ -152,20 +152,20 @@ def main() -> None:
             "CTranslate2, greedy": ctranslate2_decode(1),
         }
         measured = latencies(decoders, ids, args.rounds)
-        same = sum(decoders["ours, beam"](s) == decoders["CTranslate2, beam"](s) for s in ids)
         rules = {}
         for rule in STOPPING:
             steps.clear()
             outputs = [ours.translate_ids([s], stopping=rule)[0] for s in ids]
             rules[rule] = (outputs, sum(steps) / len(ids), statistics.mean(len(o) + 1 for o in outputs))
+        same = sum(o == decoders["CTranslate2, beam"](s) for o, s in zip(rules[args.stopping][0], ids))
         # The same number of steps for both: ours searches to a length limit of exactly forced_steps
         # (max_len_b counts from the source length), CTranslate2 may neither stop sooner nor later.
         forced = args.forced_steps
-        few = ids[:10]
         per_step = latencies({
             "ours": lambda s: beam_search(ours.model, ours.source_tensor([s]), beam_size=args.beam, alpha=args.alpha,
                                           max_len_b=forced - len(s) - 1, stopping="none").hypotheses[0],
-            "CTranslate2": ctranslate2_decode(args.beam, forced)}, [s for s in few if len(s) + 1 < forced], args.rounds)
+            "CTranslate2": ctranslate2_decode(args.beam, forced),
+        }, [s for s in ids[:10] if len(s) + 1 < forced], args.rounds)
     print("| decoder | p50 | p95 | mean |")
     print("|---|---:|---:|---:|")
     for name, values in measured.items():
