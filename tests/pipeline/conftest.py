@@ -46,6 +46,7 @@ class Workspace:
     second_repro: subprocess.CompletedProcess | None = None
     first_lock: str = ""   # dvc.lock as the first run wrote it (later tests run experiments in the workspace)
     first_outputs: dict[str, str] = field(default_factory=dict)   # its report files (DVC outputs, not in git)
+    first_params: str = ""  # params.yaml of the first run (an experiment leaves its own in the workspace)
 
     def run(self, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
         return subprocess.run(list(args), cwd=self.path, env=self.env, capture_output=True, text=True,
@@ -93,6 +94,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Workspace:
     ws.first_run = ws.dvc("repro", timeout=600)
     assert ws.first_run.returncode == 0, ws.first_run.stdout[-3000:] + ws.first_run.stderr[-3000:]
     ws.first_lock = (path / "dvc.lock").read_text()
+    ws.first_params = (path / "params.yaml").read_text()
     ws.first_outputs = {str(f.relative_to(path)): f.read_text() for f in (path / "reports").glob("*.*")}
     ws.run("git", "add", "-A")
     ws.run("git", "commit", "-qm", "first run")
