@@ -46,7 +46,7 @@ pull: stack-deps  ## dvc pull from the team's remote
 	$(BIN)/python -m pipeline.stack pull
 
 run: setup  ## the whole pipeline on the default data set (set DATA_MIRROR for air-gapped machines)
-	$(BIN)/python -m pipeline.params   # every section checked first: DVC deletes a stage's outputs before running it
+	$(BIN)/python -m pipeline.config.params   # every section checked first: DVC deletes a stage's outputs before running it
 	$(BIN)/python -m pipeline.tracking.preflight   # a tracking server that refuses or does not answer stops here
 	$(BIN)/dvc repro
 	$(BIN)/dvc metrics show
@@ -63,10 +63,10 @@ ui: setup  ## MLflow UI on 127.0.0.1
 	$(BIN)/mlflow ui --backend-store-uri $${MLFLOW_TRACKING_URI:-sqlite:///mlflow.db} --host 127.0.0.1 --port 5000
 
 compare: setup  ## table of the experiment's runs, ranked by validation BLEU (valid_bleu); test scores shown, never ranking
-	$(BIN)/python -m pipeline.compare
+	$(BIN)/python -m pipeline.experiments.compare
 
 sweep: setup  ## params/sweep.yaml's grid as queued DVC experiments, one at a time: PHASE=proxy (default) | final [TOP=K]
-	$(BIN)/python -m pipeline.sweep --phase $(or $(PHASE),proxy) $(if $(TOP),--top $(TOP))
+	$(BIN)/python -m pipeline.experiments.sweep --phase $(or $(PHASE),proxy) $(if $(TOP),--top $(TOP))
 
 serve: setup  ## serve the scheduled retraining flow (Prefect)
 	$(BIN)/python -m pipeline.flows serve
@@ -81,7 +81,7 @@ serve-model-mlflow: setup  ## the same version with MLflow's own scoring server 
 
 .PHONY: docs
 docs: setup  ## docs/figures: the paper's figures and worked numbers (with the trained model when `make run` made one)
-	$(BIN)/python -m pipeline.paper_figures --out docs/figures \
+	$(BIN)/python -m pipeline.figures.paper_figures --out docs/figures \
 	  $(if $(and $(wildcard models/model.pt),$(wildcard data/tokenizer/spm.model)),--model models/model.pt --tokenizer data/tokenizer/spm.model)
 
 clean:  ## remove outputs (keeps .venv and the MLflow store)

@@ -37,7 +37,7 @@ import ctranslate2
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from pipeline.params import PARAMS_FILE
+from pipeline.config.params import PARAMS_FILE
 from pipeline.serving.decoding import STOPPING, DecodingConfig
 from pipeline.serving.export import export_ctranslate2, sentencepiece_vocabulary
 from pipeline.serving.translate import decoding_defaults

@@ -195,7 +195,7 @@ def main() -> None:
     parser.add_argument("--no-mlflow", action="store_true", help="skip MLflow's server (no ratio)")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # the servers it started stop too (finally)
-    from pipeline.params import PARAMS_FILE, load_params
+    from pipeline.config.params import PARAMS_FILE, load_params
     from pipeline.serving.server.model_source import wanted_version
     from pipeline.tracking import store
 

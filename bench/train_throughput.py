@@ -78,7 +78,7 @@ class Shape:
 def params_shape(path: Path = PARAMS) -> Shape:
     """The shape ``make run`` trains: params.yaml's model (preset plus overrides), its tokenizer's
     vocabulary size and ``train.max_tokens``, on Multi30k-like lengths."""
-    from pipeline.params import load_params  # bench-only: the package itself never reads params.yaml
+    from pipeline.config.params import load_params  # bench-only: the package itself never reads params.yaml
 
     params = load_params(path)
     config = params.model.config(params.tokenizer.vocab_size)

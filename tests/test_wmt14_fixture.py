@@ -177,9 +177,9 @@ def test_small_sizes_and_overrides(tmp_path, capsys):
 def test_the_download_stage_reads_and_cleans_it(mirror, tmp_path, monkeypatch):
     """Served as DATA_MIRROR, the fixture goes through the real fetch, extraction, reading and
     cleaning: every pair counted, the dirt dropped, the 3003 SGM segments read."""
+    from pipeline.config.params import DataParams
     from pipeline.data import checksums
     from pipeline.data.corpus import prepare_corpus
-    from pipeline.params import DataParams
 
     monkeypatch.delenv("DATA_MIRROR", raising=False)
     monkeypatch.setattr(checksums, "CHECKSUMS_FILE", tmp_path / "checksums.json")

@@ -25,9 +25,9 @@ import sacrebleu
 import torch
 import yaml
 
+from pipeline.data.text_files import read_lines
 from pipeline.serving.decoding import DecodingConfig
 from pipeline.serving.translator import load_translator
-from pipeline.text_files import read_lines
 
 
 def _sync(device: torch.device) -> None:

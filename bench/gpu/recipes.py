@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from pipeline.params import ParamsError, load_params
+from pipeline.config.params import ParamsError, load_params
 from transformer.atomic import write_json, write_text
 
 REPO = Path(__file__).resolve().parents[2]

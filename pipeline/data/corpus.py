@@ -34,8 +34,8 @@ from pipeline.data.registry import check_data_params, get_spec
 from pipeline.data.spec import TRAIN_SPLIT, Corpus, DataError, RemoteFile, Side
 from transformer.atomic import atomic_dir, file_sha256, fsync_files
 
-if TYPE_CHECKING:  # only the type: pipeline.params imports the registry, and nothing here needs params at run time
-    from pipeline.params import DataParams
+if TYPE_CHECKING:  # only the type: the params schema imports the registry; nothing here needs it at run time
+    from pipeline.config.params import DataParams
 
 Located = tuple[Corpus, tuple[Path, Side], tuple[Path, Side]]
 

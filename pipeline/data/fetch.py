@@ -6,7 +6,7 @@ laid out like upstream (``<mirror>/data/task1/raw/train.en.gz`` for Multi30k,
 ``http(s)://`` base URL. A local file is copied into the download cache through a temporary file
 while its sha256 is computed, and only renamed into place when it matches. HTTP(S) downloads go
 through pooch (hash check before the file is moved into the cache, ``retry_if_failed`` with a
-growing wait) with ``pipeline.resumable``'s downloader: an interrupted transfer continues with an
+growing wait) with ``pipeline.data.resumable``'s downloader: an interrupted transfer continues with an
 HTTP Range request, at the next attempt or run, when the server allows (progress bar on a
 terminal). Which hash a file must have, and where a first-seen hash is recorded, is
 ``pipeline.data.checksums``'s business.
@@ -26,8 +26,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from pipeline.data.checksums import UPSTREAM, expected_hash, record_checksum
+from pipeline.data.resumable import ResumableDownloader, partial_path
 from pipeline.data.spec import DataError, DatasetSpec, RemoteFile
-from pipeline.resumable import ResumableDownloader, partial_path
 from transformer.atomic import file_sha256, umask_mode
 
 DOWNLOAD_RETRIES = 3          # pooch retry_if_failed: waits 1 s, 2 s, 3 s between attempts

@@ -7,7 +7,7 @@ restored from the remote instead of run again.
 The stage's output (DVC's and the stage command's stdout and stderr) is streamed line by line
 into the task's Prefect log. A failing stage raises ``StageFailed`` carrying the stage's own
 ``error: ...`` line. Retries are for transient failures only: a stage that exits 2 (bad params,
-bad data, an unusable checkpoint: ``pipeline.params.run_stage``) fails at once, except a
+bad data, an unusable checkpoint: ``pipeline.config.params.run_stage``) fails at once, except a
 download that could not reach its source.
 """
 
@@ -29,7 +29,7 @@ import yaml
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from pipeline.parent_death import with_parent_death_signal
+from pipeline.stages.parent_death import with_parent_death_signal
 
 STAGES = ("download", "tokenizer", "train", "average", "tune", "evaluate")   # the order of dvc.yaml's DAG
 USER_ERROR = 2                       # run_stage's exit status for bad params, data or checkpoints
@@ -98,7 +98,7 @@ def run_dvc(args: list[str], workdir: Path, logger: Any = None) -> list[str]:
     """Run ``dvc <args>`` in ``workdir``, logging stdout (INFO) and stderr (WARNING) lines as they
     come; returns the stdout lines, raises ``StageFailed`` on a non-zero exit."""
     command = [sys.executable, "-m", "dvc", *args]
-    launched = with_parent_death_signal(command)   # this process SIGKILLed: DVC gets SIGTERM (pipeline.parent_death)
+    launched = with_parent_death_signal(command)   # this process SIGKILLed: DVC gets SIGTERM (parent_death)
     logger = logger or get_run_logger()
     logger.info("$ dvc %s  (in %s)", " ".join(args), workdir)
     # A session of its own: when this process is interrupted (a worker stopped with SIGINT forwards it

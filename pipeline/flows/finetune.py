@@ -26,8 +26,8 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
+from pipeline.config.params import Params
 from pipeline.flows.gate import current_champion, version_files
-from pipeline.params import Params
 from transformer.checkpoint import atomic_write, file_sha256
 
 INIT_DIR = Path("models/init")

@@ -14,7 +14,10 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from pipeline import paths
+from pipeline.config import paths
+from pipeline.config.params import Params, load_params
+from pipeline.config.params import check as check_params
+from pipeline.data.text_files import read_lines
 from pipeline.flows.dvc_tasks import (
     RETRIES,
     STAGES,
@@ -36,9 +39,6 @@ from pipeline.flows.gate import (
     promote_if_better,
     translate_with_version,
 )
-from pipeline.params import Params, load_params
-from pipeline.params import check as check_params
-from pipeline.text_files import read_lines
 from pipeline.tracking import links, store
 
 METRICS_ARTIFACT = "training-metrics"

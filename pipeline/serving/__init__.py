@@ -3,5 +3,5 @@ translator (``translator``: the averaged model, its tokenizer and beam search, Â
 pyfunc model (``mlflow_model``), the export to CTranslate2 (``export``), the translate command
 (``translate``) and the HTTP server of the registered model (``mlflow_server``).
 
-Imports nothing, so that ``pipeline.params`` can load ``decoding`` alone.
+Imports nothing, so that ``pipeline.config.params`` can load ``decoding`` alone.
 """

@@ -1,5 +1,5 @@
 """How a translator decodes (§6.1): beam size, length penalty, output length limit, batch and
-precision. The one place these settings have defaults and are checked; ``pipeline.params``
+precision. The one place these settings have defaults and are checked; ``pipeline.config.params``
 checks the ``evaluate`` section through it, the translator and the MLflow model take it as is.
 """
 
@@ -19,7 +19,7 @@ STOPPING = ("exact", "fairseq")
 @dataclass(frozen=True)
 class DecodingConfig:
     """The paper's defaults (§6.1: beam 4, length penalty alpha 0.6, output up to source length
-    + 50). (``pipeline.params.Decoding`` is another thing: the beam size and alpha the evaluate
+    + 50). (``pipeline.config.params.Decoding`` is another thing: the beam size and alpha the evaluate
     stage chose, and where each came from.)"""
 
     beam_size: int = 4

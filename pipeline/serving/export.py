@@ -39,8 +39,8 @@ import torch.nn.functional as F
 from ctranslate2.specs import common_spec, model_spec, transformer_spec
 from torch import nn
 
-from pipeline import paths
-from pipeline.params import run_stage
+from pipeline.config import paths
+from pipeline.config.params import run_stage
 from transformer.attention import MultiHeadAttention
 from transformer.checkpoint import CheckpointError, load_model
 from transformer.layers import ACTIVATIONS

@@ -166,7 +166,7 @@ def log_translator(run_id: str, model_file: Path, tokenizer_file: Path, register
 
     import pipeline
     import transformer
-    from pipeline import paths
+    from pipeline.config import paths
     from pipeline.tracking import model_card, store
     from transformer.checkpoint import load_checkpoint
 

@@ -29,7 +29,7 @@ from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from pipeline.params import PARAMS_FILE, ParamsError, load_params
+from pipeline.config.params import PARAMS_FILE, ParamsError, load_params
 from pipeline.tracking import store
 
 HOST = "127.0.0.1"

@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline import paths
-from pipeline.params import PARAMS_FILE, TUNE_REPORT, TUNED, ParamsError, decoding_settings, load_params
+from pipeline.config import paths
+from pipeline.config.params import PARAMS_FILE, TUNE_REPORT, TUNED, ParamsError, decoding_settings, load_params
 from pipeline.serving.decoding import STOPPING, DecodingConfig
 from pipeline.serving.translator import load_translator
 from transformer.checkpoint import CheckpointError

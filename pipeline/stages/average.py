@@ -7,8 +7,9 @@ import sys
 import time
 from typing import Any
 
-from pipeline import paths, tracking
-from pipeline.params import Params, ParamsError, load_params, run_stage
+from pipeline import tracking
+from pipeline.config import paths
+from pipeline.config.params import Params, ParamsError, load_params, run_stage
 from transformer.checkpoint import average_checkpoints, file_sha256, save_checkpoint
 from transformer.trainer import list_checkpoints
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline import paths
+from pipeline.config import paths
+from pipeline.config.params import load_params, run_stage
 from pipeline.data.corpus import prepare_corpus
-from pipeline.params import load_params, run_stage
 
 
 def format_table(stats: dict[str, Any]) -> str:

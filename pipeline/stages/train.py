@@ -37,10 +37,11 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from pipeline import paths, tracking
-from pipeline.curves import CurveWriter
+from pipeline import tracking
+from pipeline.config import paths
+from pipeline.config.params import Params, ParamsError, load_params, run_stage
 from pipeline.data.spec import DataError
-from pipeline.params import Params, ParamsError, load_params, run_stage
+from pipeline.figures.curves import CurveWriter
 from transformer.atomic import write_json
 from transformer.data import TokenStore
 from transformer.model import Transformer

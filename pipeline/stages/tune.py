@@ -24,11 +24,12 @@ import argparse
 import time
 from typing import Any
 
-from pipeline import paths, tracking
-from pipeline.params import TUNE_REPORT, Params, TuneParams, load_params, run_stage
+from pipeline import tracking
+from pipeline.config import paths
+from pipeline.config.params import TUNE_REPORT, Params, TuneParams, load_params, run_stage
+from pipeline.data.text_files import read_lines
 from pipeline.serving.translator import Translator
 from pipeline.stages.evaluate import TUNE_DIR, TUNE_RUN, build_translator, load_averaged, score, split_files
-from pipeline.text_files import read_lines
 from transformer.atomic import write_json, write_lines
 from transformer.checkpoint import file_sha256
 

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     deploy.add_argument("--params", type=Path, default=Path("params.yaml"), help="params file (flows section)")
     args = parser.parse_args(argv)
 
-    from pipeline.params import ParamsError, load_params
+    from pipeline.config.params import ParamsError, load_params
     from pipeline.workers.deploy import deploy as deploy_flow
     from pipeline.workers.flow import DEFAULT_BRANCH
     from pipeline.workers.results import ResultsError

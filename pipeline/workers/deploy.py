@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from uuid import UUID
 
-from pipeline.params import FlowsParams
+from pipeline.config.params import FlowsParams
 from pipeline.workers.workspace import pull_steps
 
 ENTRYPOINT = "pipeline/workers/flow.py:team_retraining"

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from bench.gpu import recipes
-from pipeline.params import load_params
+from pipeline.config.params import load_params
 from tests.bench import ROOT, run_bench
 from transformer.data import write_token_store
 

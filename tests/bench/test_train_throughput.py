@@ -11,7 +11,7 @@ import torch
 import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
-from pipeline.params import load_params
+from pipeline.config.params import load_params
 from tests.bench import ROOT, run_bench
 from transformer import PAD_ID, Transformer, build_config
 from transformer.attention import FUSED_CPU_MAX_ROWS

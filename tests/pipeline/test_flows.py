@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from pipeline.config.params import FlowsParams
 from pipeline.flows import finetune, gate
 from pipeline.flows.gate import Systems, promote_if_better
-from pipeline.params import FlowsParams
 from pipeline.tracking.store import CHAMPION_ALIAS
 
 from .conftest import MIRROR, make_workspace, needs_mirror, tiny_params
@@ -254,8 +254,8 @@ def test_finetune_retraining_starts_from_the_champion_with_its_tokenizer(first_r
 
     import yaml
 
+    from pipeline.config.params import load_params
     from pipeline.flows import retraining
-    from pipeline.params import load_params
 
     client = mlflow_client()
     champion = client.get_model_version_by_alias(MODEL, CHAMPION_ALIAS)
@@ -332,7 +332,7 @@ def test_finetune_without_a_champion_trains_from_scratch(registry, tmp_path):
     """No champion yet: finetune falls back to scratch (and says so); scratch clears the init keys."""
     import yaml
 
-    from pipeline.params import load_params
+    from pipeline.config.params import load_params
 
     client, _ = registry
     path = tmp_path / "params.yaml"
@@ -559,7 +559,7 @@ def test_the_server_scheduler_turns_the_schedule_into_runs(prefect_api, tmp_path
 def test_bad_flows_params_name_the_key(flows, message, tmp_path):
     import yaml
 
-    from pipeline.params import ParamsError, load_params
+    from pipeline.config.params import ParamsError, load_params
 
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(tiny_params({"flows": flows})))

@@ -7,7 +7,7 @@ of them reaches data/.
   connection closed), served truncated, or with one bit flipped. Each is retried with backoff
   (DOWNLOAD_RETRIES), then refused with one ``error:`` line; data/ holds no file afterwards but,
   for the cut transfer, the hidden partial file (a prefix of the real one) a later run resumes
-  from (tests/pipeline/test_resumable.py).
+  from (tests/pipeline/data/test_resumable.py).
 - The library (``prepare_corpus``) on a small fake mirror, over HTTP, a folder and a file://
   URL: a corrupt file is refused before anything is written, the previous output is kept and
   the bad file is not cached. (Moved here from tests/pipeline/test_datasets.py.)
@@ -26,11 +26,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline.config.params import DataParams
 from pipeline.data import checksums, fetch, multi30k, registry
 from pipeline.data.corpus import prepare_corpus
+from pipeline.data.resumable import partial_path
 from pipeline.data.spec import DataError
-from pipeline.params import DataParams
-from pipeline.resumable import partial_path
 
 from ..fakes import RAW, corrupt, fake_multi30k, http_server, published_spec
 from .conftest import REPO

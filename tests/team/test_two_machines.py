@@ -128,7 +128,7 @@ def test_the_second_machine_compares_the_servers_runs(machines, monkeypatch):
     for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
         monkeypatch.setenv(key, first.env[key])
     (run_id,) = experiment_runs(server_client(first.env["MLFLOW_TRACKING_URI"]))
-    result = second.run(PYTHON, "-m", "pipeline.compare")
+    result = second.run(PYTHON, "-m", "pipeline.experiments.compare")
     assert result.returncode == 0, result.stderr
     assert f"| {run_id[:8]} |" in result.stdout and "FINISHED" in result.stdout, result.stdout
 

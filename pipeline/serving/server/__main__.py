@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import uvicorn
 
-from pipeline.params import PARAMS_FILE, ParamsError, load_params
+from pipeline.config.params import PARAMS_FILE, ParamsError, load_params
 from pipeline.serving.mlflow_server import DEFAULT_PORT, HOST, ServingError
 from pipeline.serving.server.app import ServerSettings, ServerState, create_app
 from pipeline.serving.server.batcher import Batcher

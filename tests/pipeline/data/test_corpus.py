@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.config.params import DataParams
 from pipeline.data import checksums, multi30k, registry
 from pipeline.data.corpus import prepare_corpus
 from pipeline.data.fetch import extract_tar
 from pipeline.data.registry import check_data_params
 from pipeline.data.spec import DataError
-from pipeline.params import DataParams
 
 from ...fakes import RAW, fake_multi30k, fake_statmt, link, sentences, tar, write_gz
 from .conftest import cached, lines, publish

@@ -18,7 +18,7 @@ SOURCES = ["A man is riding a bike.", "", "Two dogs play in the snow."]
 
 def tuned(workspace):
     """The decoding settings evaluate used: params.yaml's evaluate section, tune's choice for nulls."""
-    from pipeline.params import decoding_settings, load_params
+    from pipeline.config.params import decoding_settings, load_params
 
     return decoding_settings(load_params(workspace.path / "params.yaml").evaluate,
                              workspace.path / "reports/tune.json")

@@ -60,7 +60,7 @@ def reuse_setup(workspace, tmp_path, monkeypatch, vocab_size):
 
     import yaml
 
-    from pipeline.text_files import read_lines
+    from pipeline.data.text_files import read_lines
     from transformer.tokenizer import train_tokenizer
 
     copy = tmp_path / "repo"
@@ -99,7 +99,7 @@ def test_model_from_is_copied_not_retrained_and_encodes_every_split(workspace, t
 def test_model_from_with_another_vocab_size_is_one_clear_error(workspace, tmp_path, monkeypatch, capsys):
     import pytest
 
-    from pipeline.params import run_stage
+    from pipeline.config.params import run_stage
     from pipeline.stages import tokenizer as stage
 
     copy, champion = reuse_setup(workspace, tmp_path, monkeypatch, vocab_size=400)

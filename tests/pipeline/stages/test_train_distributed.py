@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.params import ParamsError
+from pipeline.config.params import ParamsError
 from pipeline.stages.train import DEFAULT_DIST_TIMEOUT_S, dist_timeout
 
 REPO = Path(__file__).resolve().parents[3]

@@ -11,7 +11,7 @@ import pytest
 import sacrebleu
 from mlflow.tracking import MlflowClient
 
-from pipeline.params import TuneParams
+from pipeline.config.params import TuneParams
 from pipeline.stages.tune import RULE, choose, grid
 from pipeline.tracking import links
 from transformer.atomic import file_sha256

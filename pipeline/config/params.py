@@ -452,7 +452,7 @@ def _check_init_files(train: TrainConfig, tokenizer: TokenizerParams, root: Path
 def run_stage(main: Callable[[], None]) -> None:
     """Run a stage's ``main``; a user error (bad params, bad data, unusable checkpoint) prints
     one line and exits 2, without a traceback."""
-    from pipeline.parent_death import signal_when_parent_dies
+    from pipeline.stages.parent_death import signal_when_parent_dies
     from transformer.checkpoint import CheckpointError
     from transformer.train_config import NonFiniteLossError, OutOfMemoryError
 
@@ -504,7 +504,7 @@ def check(path: str | os.PathLike = PARAMS_FILE, overrides: list[str] | None = N
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m pipeline.params [key=value ...]``: check params.yaml (``make run`` does, before
+    """``python -m pipeline.config.params [key=value ...]``: check params.yaml (``make run`` does, before
     ``dvc repro``); exit 2 with one line naming the key when a value is bad."""
     import argparse
 

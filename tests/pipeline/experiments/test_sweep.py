@@ -1,4 +1,4 @@
-"""pipeline/sweep.py: params/sweep.yaml validated against params.yaml's schema, the grid queued with
+"""pipeline/experiments/sweep.py: params/sweep.yaml validated against params.yaml's schema, the grid queued with
 DVC's own syntax and run by DVC's queue; a real 2-point sweep lands in MLflow and `compare` ranks it."""
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from pipeline import sweep
-from pipeline.compare import RANK_METRIC
-
-from .conftest import BIN, REPO, TINY, make_workspace, needs_mirror, tiny_params
+from pipeline.experiments import sweep
+from pipeline.experiments.compare import RANK_METRIC
+from tests.pipeline.conftest import BIN, REPO, TINY, make_workspace, needs_mirror, tiny_params
 
 RUN = ["exp", "run", "--run-all", "-j", "1"]
 
@@ -62,7 +61,7 @@ def test_a_bad_sweep_file_is_refused_naming_the_key(project, doc, message):
 
 def test_a_bad_key_stops_the_command_with_one_line(project):
     write_sweep(project, {"grid": {"train.lr_scal": [0.4]}})
-    result = subprocess.run([sys.executable, "-m", "pipeline.sweep", "--dry-run"], cwd=project,
+    result = subprocess.run([sys.executable, "-m", "pipeline.experiments.sweep", "--dry-run"], cwd=project,
                             capture_output=True, text=True, env={"PYTHONPATH": str(REPO), "PATH": str(BIN)})
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.startswith("error: params/sweep.yaml: unknown key train.lr_scal (known: ")
@@ -149,7 +148,7 @@ def test_a_two_point_sweep_runs_in_the_dvc_queue_and_compare_ranks_it_by_validat
         return subprocess.run([sys.executable, "-m", *args], cwd=root, env=env, capture_output=True, text=True,
                               timeout=400)
 
-    result = run("pipeline.sweep", "--phase", "proxy")
+    result = run("pipeline.experiments.sweep", "--phase", "proxy")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "$ dvc exp run --queue -n proxy-" in result.stdout
     assert "-S train.lr_scale=0.5,2.0 -S train.max_minutes=2" in result.stdout
@@ -173,7 +172,7 @@ def test_a_two_point_sweep_runs_in_the_dvc_queue_and_compare_ranks_it_by_validat
     assert all(Path(uri.removeprefix("file://")).is_relative_to(root / "mlartifacts") for uri in runs["artifact_uri"])
 
     # compare ranks by the validation metric, never by test BLEU.
-    result = run("pipeline.compare")
+    result = run("pipeline.experiments.compare")
     assert result.returncode == 0, result.stderr
     assert f"`{RANK_METRIC} (ranks)` ranks" in result.stdout
     rows = [line.split("|")[1:-1] for line in (root / "reports/compare.md").read_text().splitlines()
@@ -188,7 +187,7 @@ def test_a_two_point_sweep_runs_in_the_dvc_queue_and_compare_ranks_it_by_validat
         assert [r[header.index("run")].strip() for r in rows] == [i[:8] for i in expected["run_id"]] \
             or len(set(ranked)) < 2   # a tie may come in either order
         # The final phase reruns the best grid point by valid_bleu, without the proxy's cap.
-        result = run("pipeline.sweep", "--phase", "final", "--dry-run")
+        result = run("pipeline.experiments.sweep", "--phase", "final", "--dry-run")
         assert result.returncode == 0, result.stderr
         best = max(runs[f"metrics.{RANK_METRIC}"])
         best_values = [float(v) for v, s in zip(runs["params.train.lr_scale"], runs[f"metrics.{RANK_METRIC}"])

@@ -1,4 +1,4 @@
-"""BLEU as the paper measured it (pipeline/paper_bleu.py): hand-counted n-gram matches and scores,
+"""BLEU as the paper measured it (pipeline/scoring/paper_bleu.py): hand-counted n-gram matches and scores,
 the compound split's Perl semantics, and the direction of its difference from sacreBLEU."""
 
 from __future__ import annotations
@@ -9,7 +9,14 @@ import math
 import pytest
 import sacrebleu
 
-from pipeline.paper_bleu import PaperBleu, bleu_tok_compound_split, main, moses_tokenize, multi_bleu, split_compounds
+from pipeline.scoring.paper_bleu import (
+    PaperBleu,
+    bleu_tok_compound_split,
+    main,
+    moses_tokenize,
+    multi_bleu,
+    split_compounds,
+)
 
 MERCEDES_REF = "Der neue Mercedes-Benz ist heute in Stuttgart vorgestellt worden."
 MERCEDES_HYP = "Der neue Mercedes ist heute in Stuttgart vorgestellt worden."

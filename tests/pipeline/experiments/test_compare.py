@@ -1,4 +1,4 @@
-"""pipeline/compare.py: runs ranked by validation BLEU (test scores shown, never ranking), naming the
+"""pipeline/experiments/compare.py: runs ranked by validation BLEU (test scores shown, never ranking), naming the
 params that differ between them."""
 
 import math
@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from pipeline import compare
+from pipeline.experiments import compare
 
 
 def markdown_rows(text: str) -> tuple[list[str], list[list[str]]]:
@@ -17,7 +17,7 @@ def markdown_rows(text: str) -> tuple[list[str], list[list[str]]]:
 
 
 def test_compare_ranks_two_runs_and_names_the_differing_param(workspace, beam1_experiment):
-    result = workspace.run(sys.executable, "-m", "pipeline.compare")
+    result = workspace.run(sys.executable, "-m", "pipeline.experiments.compare")
     assert result.returncode == 0, result.stderr
     assert "evaluate.beam_size" in result.stdout.split("Params that differ between runs: ")[1].splitlines()[0]
     assert "The column `valid_bleu (ranks)` ranks. Test scores are shown, never used to rank." in result.stdout

@@ -116,8 +116,8 @@ def bleu_tok_compound_split(hypotheses: list[str], references: list[str], lang: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m pipeline.paper_bleu HYPOTHESES REFERENCES [--lang de]``: one sentence a line."""
-    parser = argparse.ArgumentParser(prog="python -m pipeline.paper_bleu", description=__doc__.split("\n")[0])
+    """``python -m pipeline.scoring.paper_bleu HYPOTHESES REFERENCES [--lang de]``: one sentence a line."""
+    parser = argparse.ArgumentParser(prog="python -m pipeline.scoring.paper_bleu", description=__doc__.split("\n")[0])
     parser.add_argument("hypotheses", type=Path)
     parser.add_argument("references", type=Path)
     parser.add_argument("--lang", default="de", help="language of both files (default de)")

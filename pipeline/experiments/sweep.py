@@ -1,9 +1,9 @@
 """A hyper-parameter sweep as DVC experiments: the grid of ``params/sweep.yaml`` queued with DVC's own
 grid syntax and run one experiment at a time by DVC's queue, in two phases.
 
-    python -m pipeline.sweep --phase proxy            # every grid point, short (the proxy overrides)
-    python -m pipeline.sweep --phase final [--top K]  # the K best proxy points by valid_bleu, full runs
-    python -m pipeline.sweep --phase final --dry-run  # print the dvc commands, run nothing
+    python -m pipeline.experiments.sweep --phase proxy            # every grid point, short (the proxy overrides)
+    python -m pipeline.experiments.sweep --phase final [--top K]  # the K best proxy points by valid_bleu, full runs
+    python -m pipeline.experiments.sweep --phase final --dry-run  # print the dvc commands, run nothing
 
 proxy: ``dvc exp run --queue -n proxy-<time> -S key=a,b,c ... -S <proxy override>`` (one queued
 experiment per grid point), then ``dvc exp run --run-all -j 1``. final: the grid points whose proxy
@@ -35,11 +35,11 @@ from typing import Any
 
 import yaml
 
-from pipeline.params import SECTIONS, ParamsError, load_params
+from pipeline.config.params import SECTIONS, ParamsError, load_params
 
 SWEEP_FILE = Path("params/sweep.yaml")
 PARAMS = Path("params.yaml")          # the file `dvc exp run -S` edits
-RANK_METRIC = "valid_bleu"   # pipeline.compare.RANK_METRIC (not imported: compare loads matplotlib and mlflow)
+RANK_METRIC = "valid_bleu"   # compare.RANK_METRIC (not imported: compare loads matplotlib and mlflow)
 PHASES = ("proxy", "final")
 _PLAIN = re.compile(r"^[A-Za-z_][\w\-./]*$")
 _HYDRA_WORDS = {"true", "false", "null", "nan", "inf", "-inf"}
@@ -315,7 +315,7 @@ def run_phase(phase: str, sweep: Sweep, top: int | None = None, dry_run: bool = 
                   if not math.isnan(r[RANK_METRIC])]
         if not scored:
             raise SweepError(f"no proxy run of this grid has {RANK_METRIC} in MLflow experiment "
-                             f"{params.tracking.experiment!r}: run `python -m pipeline.sweep --phase proxy` first")
+                             f"{params.tracking.experiment!r}: run `make sweep` first")
         print_scores(scored, f"proxy runs of {len(sweep.points())} grid points")
         finalists = scored[:k]
         if len(finalists) < k:
@@ -340,7 +340,7 @@ def run_phase(phase: str, sweep: Sweep, top: int | None = None, dry_run: bool = 
     print("\nresults: `make compare` (all runs, reports/compare.md), `dvc exp show` (the experiments), "
           "`make ui` (MLflow)")
     if phase == "proxy":
-        print(f"next: python -m pipeline.sweep --phase final --top {sweep.top}")
+        print(f"next: python -m pipeline.experiments.sweep --phase final --top {sweep.top}")
     if failed or len(states) != len(points):
         print(f"error: {len(failed) + len(points) - len(states)} of {len(points)} experiment(s) did not succeed: "
               f"{', '.join(failed) or '(missing)'}; logs: dvc queue logs <name>", file=sys.stderr)

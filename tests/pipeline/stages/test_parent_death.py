@@ -1,4 +1,4 @@
-"""pipeline/parent_death.py: a process whose parent is SIGKILLed gets SIGTERM from the kernel,
+"""pipeline/stages/parent_death.py: a process whose parent is SIGKILLed gets SIGTERM from the kernel,
 through prctl in-process and through setpriv in front of a command."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.parent_death import with_parent_death_signal
+from pipeline.stages.parent_death import with_parent_death_signal
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR
 GRANDCHILD = """
 import signal, sys, time
 from pathlib import Path
-from pipeline.parent_death import signal_when_parent_dies
+from pipeline.stages.parent_death import signal_when_parent_dies
 def done(*_):
     Path(sys.argv[1]).write_text("SIGTERM")
     sys.exit(0)
@@ -37,7 +37,7 @@ def run_family(tmp_path: Path, arm: str, wrap: bool) -> Path:
     argv = [sys.executable, "-c", GRANDCHILD.format(arm=arm), str(marker)]
     argv = with_parent_death_signal(argv) if wrap else argv
     parent_code = f"import subprocess, time; subprocess.Popen({argv!r}); time.sleep(60)"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     parent = subprocess.Popen([sys.executable, "-c", parent_code], env=env)
     try:
         deadline = time.monotonic() + 30
@@ -69,7 +69,7 @@ def test_a_command_under_setpriv_gets_sigterm_when_its_parent_is_killed(tmp_path
 
 
 def test_without_it_the_orphan_runs_on(tmp_path):
-    """The reference: what happens without either (why pipeline/parent_death.py exists)."""
+    """The reference: what happens without either (why pipeline/stages/parent_death.py exists)."""
     marker = run_family(tmp_path, "", wrap=False)
     assert not marker.exists()
     # the orphan is still there; end it

@@ -1,14 +1,13 @@
-"""pipeline/params.py: params.yaml into typed configs; every bad value is one line naming its key."""
+"""pipeline/config/params.py: params.yaml into typed configs; every bad value is one line naming its key."""
 
 from __future__ import annotations
 
 import pytest
 import yaml
 
-from pipeline.params import EvaluateParams, ParamsError, decoding_settings, load_params
+from pipeline.config.params import EvaluateParams, ParamsError, decoding_settings, load_params
+from tests.pipeline.conftest import REPO
 from transformer.trainer import TrainConfig
-
-from .conftest import REPO
 
 
 def write(tmp_path, edit):
@@ -43,7 +42,7 @@ def test_the_default_recipe_is_named_and_ends_on_updates():
 
 
 def test_check_refuses_a_bad_value_with_overrides_applied(tmp_path):
-    from pipeline.params import ParamsError, check
+    from pipeline.config.params import ParamsError, check
 
     path = tmp_path / "params.yaml"
     path.write_text((REPO / "params.yaml").read_text())

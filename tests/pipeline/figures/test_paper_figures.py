@@ -1,4 +1,4 @@
-"""pipeline/paper_figures.py: every figure of docs/paper.md is written and is a real image, and the
+"""pipeline/figures/paper_figures.py: every figure of docs/paper.md is written and is a real image, and the
 worked numbers are right (checked here against hand computations, not against the module's own)."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline import paper_figures
+from pipeline.figures import paper_figures
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """Compare the runs of the experiment, ranked by validation score, with the params that differ between them.
 
-    python -m pipeline.compare [--experiment NAME] [--metric valid_bleu]
+    python -m pipeline.experiments.compare [--experiment NAME] [--metric valid_bleu]
 
 Ranks by ``valid_bleu``: the validation BLEU of the averaged model with the decoding settings chosen
 on the validation set (the tune stage). Development data decides, test data reports: the test sets'
@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import mlflow  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from pipeline.params import load_params  # noqa: E402
+from pipeline.config.params import load_params  # noqa: E402
 from pipeline.tracking import store  # noqa: E402
 from transformer.atomic import atomic_write, write_text  # noqa: E402
 

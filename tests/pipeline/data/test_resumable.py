@@ -1,4 +1,4 @@
-"""pipeline/resumable.py: an interrupted HTTP download continues with a Range request when the
+"""pipeline/data/resumable.py: an interrupted HTTP download continues with a Range request when the
 server allows, at pooch's next attempt or at the next run; otherwise it starts over. Real
 downloads from a server on 127.0.0.1."""
 
@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.config.params import DataParams
 from pipeline.data import checksums, registry
 from pipeline.data.corpus import prepare_corpus
+from pipeline.data.resumable import partial_path
 from pipeline.data.spec import DataError
-from pipeline.params import DataParams
-from pipeline.resumable import partial_path
 
-from ..fakes import RAW, fake_multi30k, published_spec, range_server
+from tests.fakes import RAW, fake_multi30k, published_spec, range_server
 
 TARGET = f"{RAW}/train.en.gz"
 
