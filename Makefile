@@ -46,7 +46,7 @@ pull: stack-deps  ## dvc pull from the team's remote
 	$(BIN)/python -m pipeline.stack pull
 
 run: setup  ## the whole pipeline on the default data set (set DATA_MIRROR for air-gapped machines)
-	$(BIN)/python -m pipeline.config.params   # every section checked first: DVC deletes a stage's outputs before running it
+	$(BIN)/python -m pipeline.config   # every section checked first: DVC deletes a stage's outputs before running it
 	$(BIN)/python -m pipeline.tracking.preflight   # a tracking server that refuses or does not answer stops here
 	$(BIN)/dvc repro
 	$(BIN)/dvc metrics show

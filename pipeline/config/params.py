@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import types
 import typing
 from collections.abc import Callable
@@ -19,7 +18,6 @@ from typing import Any, TypeVar
 import yaml
 
 from pipeline.data.registry import check_data_params
-from pipeline.data.spec import DataError
 from pipeline.serving.decoding import DecodingConfig
 from transformer.config import PRESETS, ConfigError, ModelConfig, build_config
 from transformer.train_config import TrainConfig
@@ -449,23 +447,6 @@ def _check_init_files(train: TrainConfig, tokenizer: TokenizerParams, root: Path
                           "initial weights need the tokenizer they were trained with (set tokenizer.model_from)")
 
 
-def run_stage(main: Callable[[], None]) -> None:
-    """Run a stage's ``main``; a user error (bad params, bad data, unusable checkpoint) prints
-    one line and exits 2, without a traceback."""
-    from pipeline.stages.parent_death import signal_when_parent_dies
-    from transformer.checkpoint import CheckpointError
-    from transformer.train_config import NonFiniteLossError, OutOfMemoryError
-
-    signal_when_parent_dies()   # DVC gone (its flow run killed): SIGTERM, not an orphan stage
-    try:
-        main()
-    except (ParamsError, DataError, CheckpointError, OutOfMemoryError, NonFiniteLossError) as err:
-        message = "; ".join(line.strip() for line in str(err).splitlines() if line.strip())  # one line, always
-        message = message.replace("TrainConfig.", "train.")   # the package's field names, as params.yaml keys
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def with_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """``raw`` (params.yaml's mapping) with ``section.key=value`` overrides applied, values read as
     YAML, as ``dvc exp run -S`` applies them (a copy; ``raw`` is left as it was)."""
@@ -501,20 +482,3 @@ def check(path: str | os.PathLike = PARAMS_FILE, overrides: list[str] | None = N
         yaml.safe_dump(with_overrides(raw, overrides), f, sort_keys=False)
         f.flush()
         return load_params(f.name)
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``python -m pipeline.config.params [key=value ...]``: check params.yaml (``make run`` does, before
-    ``dvc repro``); exit 2 with one line naming the key when a value is bad."""
-    import argparse
-
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("overrides", nargs="*", metavar="section.key=value",
-                        help="overrides to check with it, as dvc exp run -S takes them")
-    args = parser.parse_args(argv)
-    check(PARAMS_FILE, args.overrides)
-    print(f"{PARAMS_FILE}: every section valid", flush=True)
-
-
-if __name__ == "__main__":
-    run_stage(main)

@@ -7,7 +7,7 @@ restored from the remote instead of run again.
 The stage's output (DVC's and the stage command's stdout and stderr) is streamed line by line
 into the task's Prefect log. A failing stage raises ``StageFailed`` carrying the stage's own
 ``error: ...`` line. Retries are for transient failures only: a stage that exits 2 (bad params,
-bad data, an unusable checkpoint: ``pipeline.config.params.run_stage``) fails at once, except a
+bad data, an unusable checkpoint: ``pipeline.stages.runner.run_stage``) fails at once, except a
 download that could not reach its source.
 """
 

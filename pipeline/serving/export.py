@@ -40,7 +40,7 @@ from ctranslate2.specs import common_spec, model_spec, transformer_spec
 from torch import nn
 
 from pipeline.config import paths
-from pipeline.config.params import run_stage
+from pipeline.stages.runner import run_stage
 from transformer.attention import MultiHeadAttention
 from transformer.checkpoint import CheckpointError, load_model
 from transformer.layers import ACTIVATIONS

@@ -9,7 +9,8 @@ from typing import Any
 
 from pipeline import tracking
 from pipeline.config import paths
-from pipeline.config.params import Params, ParamsError, load_params, run_stage
+from pipeline.config.params import Params, ParamsError, load_params
+from pipeline.stages.runner import run_stage
 from transformer.checkpoint import average_checkpoints, file_sha256, save_checkpoint
 from transformer.trainer import list_checkpoints
 

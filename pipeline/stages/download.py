@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.config import paths
-from pipeline.config.params import load_params, run_stage
+from pipeline.config.params import load_params
 from pipeline.data.corpus import prepare_corpus
+from pipeline.stages.runner import run_stage
 
 
 def format_table(stats: dict[str, Any]) -> str:

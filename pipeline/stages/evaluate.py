@@ -23,12 +23,13 @@ import torch
 
 from pipeline import tracking
 from pipeline.config import paths
-from pipeline.config.params import Decoding, Params, ParamsError, decoding_settings, load_params, run_stage
+from pipeline.config.params import Decoding, Params, ParamsError, decoding_settings, load_params
 from pipeline.data.text_files import read_lines
 from pipeline.figures.attention_plots import plot_attention
 from pipeline.scoring.paper_bleu import bleu_tok_compound_split
 from pipeline.serving.decoding import DecodingConfig
 from pipeline.serving.translator import Translator, load_translator
+from pipeline.stages.runner import run_stage
 from transformer.atomic import write_json, write_lines
 from transformer.checkpoint import file_sha256, load_checkpoint
 from transformer.search import attention_weights

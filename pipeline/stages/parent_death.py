@@ -5,7 +5,7 @@ anything on: DVC and the stage it runs would go on as orphans, the stage writing
 ``dvc.lock`` will record and holding DVC's lock against the next run. Linux's
 ``PR_SET_PDEATHSIG`` has the kernel send a signal to a process when its parent dies: the flow's
 DVC gets it through ``setpriv --pdeathsig`` (``pipeline.flows.dvc_tasks``), every stage through
-``signal_when_parent_dies`` (``pipeline.config.params.run_stage``), so SIGTERM travels down the chain and
+``signal_when_parent_dies`` (``pipeline.stages.runner.run_stage``), so SIGTERM travels down the chain and
 the train stage saves its checkpoint and exits, as for any SIGTERM (§5's training resumes from it).
 """
 

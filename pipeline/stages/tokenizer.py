@@ -16,8 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from pipeline.config import paths
-from pipeline.config.params import DataParams, ParamsError, TokenizerParams, load_params, run_stage
+from pipeline.config.params import DataParams, ParamsError, TokenizerParams, load_params
 from pipeline.data.spec import DataError
+from pipeline.stages.runner import run_stage
 from transformer.atomic import write_bytes, write_json
 from transformer.tokenizer import Tokenizer, encode_to_store, open_tokenizer, train_tokenizer
 

@@ -39,9 +39,10 @@ import torch.distributed as dist
 
 from pipeline import tracking
 from pipeline.config import paths
-from pipeline.config.params import Params, ParamsError, load_params, run_stage
+from pipeline.config.params import Params, ParamsError, load_params
 from pipeline.data.spec import DataError
 from pipeline.figures.curves import CurveWriter
+from pipeline.stages.runner import run_stage
 from transformer.atomic import write_json
 from transformer.data import TokenStore
 from transformer.model import Transformer

@@ -130,7 +130,7 @@ def test_a_failed_run_loses_nothing_dvc_checkout_restores_every_output(workspace
     params["train"]["max_tokens"] = -5
     (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     # `make run` checks first and runs nothing
-    checked = subprocess.run([str(BIN / "python"), "-m", "pipeline.config.params"], cwd=copy, env=env,
+    checked = subprocess.run([str(BIN / "python"), "-m", "pipeline.config"], cwd=copy, env=env,
                              capture_output=True, text=True, timeout=120)
     assert checked.returncode == 2
     assert checked.stderr.strip() == "error: params.yaml: train.max_tokens must be a positive integer, got -5"

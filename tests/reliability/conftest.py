@@ -47,7 +47,7 @@ def base_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root.mkdir()
     (root / "params.yaml").write_text(yaml.safe_dump(tiny_params(), sort_keys=False))
     synthetic_corpus(root / "data" / "corpus", SPLITS)
-    script = ("from pipeline.config.params import run_stage\n"
+    script = ("from pipeline.stages.runner import run_stage\n"
               "from pipeline.stages import tokenizer, train, average\n"
               "for stage in (tokenizer, train, average):\n"
               "    run_stage(stage.main)\n")

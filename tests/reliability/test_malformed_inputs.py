@@ -31,10 +31,10 @@ import pytest
 import torch
 import yaml
 
-from pipeline.config.params import run_stage
 from pipeline.data import checksums, registry
 from pipeline.data.fetch import extract_tar
 from pipeline.data.spec import DataError
+from pipeline.stages.runner import run_stage
 from transformer.checkpoint import load_checkpoint, model_checkpoint, save_checkpoint
 from transformer.config import build_config
 from transformer.model import Transformer

@@ -13,7 +13,6 @@ from pipeline.data import checksums, registry
 from pipeline.data.corpus import prepare_corpus
 from pipeline.data.resumable import partial_path
 from pipeline.data.spec import DataError
-
 from tests.fakes import RAW, fake_multi30k, published_spec, range_server
 
 TARGET = f"{RAW}/train.en.gz"

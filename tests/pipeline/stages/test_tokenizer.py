@@ -99,8 +99,8 @@ def test_model_from_is_copied_not_retrained_and_encodes_every_split(workspace, t
 def test_model_from_with_another_vocab_size_is_one_clear_error(workspace, tmp_path, monkeypatch, capsys):
     import pytest
 
-    from pipeline.config.params import run_stage
     from pipeline.stages import tokenizer as stage
+    from pipeline.stages.runner import run_stage
 
     copy, champion = reuse_setup(workspace, tmp_path, monkeypatch, vocab_size=400)
     with pytest.raises(SystemExit) as exit_:

@@ -1,0 +1,27 @@
+"""Running a DVC stage: a user error (bad params, bad data, an unusable checkpoint) prints one
+line and exits 2, without a traceback; the stage never outlives the process that started it."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from pipeline.config.params import ParamsError
+from pipeline.data.spec import DataError
+
+
+def run_stage(main: Callable[[], None]) -> None:
+    """Run a stage's ``main``; a user error (bad params, bad data, unusable checkpoint) prints
+    one line and exits 2, without a traceback."""
+    from pipeline.stages.parent_death import signal_when_parent_dies
+    from transformer.checkpoint import CheckpointError
+    from transformer.train_config import NonFiniteLossError, OutOfMemoryError
+
+    signal_when_parent_dies()   # DVC gone (its flow run killed): SIGTERM, not an orphan stage
+    try:
+        main()
+    except (ParamsError, DataError, CheckpointError, OutOfMemoryError, NonFiniteLossError) as err:
+        message = "; ".join(line.strip() for line in str(err).splitlines() if line.strip())  # one line, always
+        message = message.replace("TrainConfig.", "train.")   # the package's field names, as params.yaml keys
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
