@@ -186,6 +186,81 @@ def test_decoding_code_is_evaluates_not_trains():
     assert "transformer/search.py" in expected["evaluate"]
 
 
+def import_chain(root: str, target: str, graph: dict[str, set[str]], modules: dict[str, Path]) -> str:
+    """The shortest chain of imports by which running ``root`` runs ``target`` (a failure's why)."""
+    before: dict[str, str | None] = {root: None}
+    todo = [root]
+    while todo and target not in before:
+        name = todo.pop(0)
+        parts = name.split(".")
+        parents = {".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in modules}
+        for nxt in sorted(graph[name] | parents):
+            if nxt not in before:
+                before[nxt] = name
+                todo.append(nxt)
+    chain, name = [], target
+    while name is not None:
+        chain.append(name)
+        name = before.get(name)
+    return " -> ".join(reversed(chain))
+
+
+def module_of(file: str) -> str:
+    return file.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+
+
+def assert_not_run_by(files: list[str], stages: tuple[str, ...]) -> None:
+    """None of ``files`` is in the import closure of any of ``stages`` (each failure with its chain)."""
+    modules, graph, expected = repo_modules(), import_graph(), expected_deps()
+    found = [f"{stage} runs {file}: {import_chain(stage_modules()[stage], module_of(file), graph, modules)}"
+             for stage in stages for file in files if file in expected[stage]]
+    assert not found, "\n".join(found)
+
+
+# The model and its training: an edit reruns train and the stages after it, never the data stages.
+MODEL_AND_TRAINING = [f"transformer/{name}.py" for name in (
+    "config", "train_config", "attention", "layers", "model", "positional", "dropout", "precision", "loss",
+    "schedule", "trainer", "search")]
+# Decoding-only code (beam search, the translator and its settings, decoding a split, scoring it): an
+# edit reruns tune and evaluate, never training or averaging.
+DECODING = ["transformer/search.py", "transformer/packed.py", "pipeline/serving/decoding.py",
+            "pipeline/serving/translator.py", "pipeline/serving/split_decoding.py",
+            "pipeline/scoring/sacrebleu_scores.py", "pipeline/scoring/paper_bleu.py"]
+
+
+def test_model_and_training_code_reruns_train_or_later_only():
+    assert_not_run_by(MODEL_AND_TRAINING, ("download", "tokenizer"))
+    expected = expected_deps()
+    for file in MODEL_AND_TRAINING:
+        assert any(file in expected[stage] for stage in ("train", "average", "tune", "evaluate")), file
+
+
+def test_decoding_code_reruns_tune_and_evaluate_only():
+    assert_not_run_by(DECODING, ("download", "tokenizer", "train", "average"))
+    expected = expected_deps()
+    for file in DECODING:
+        assert file in expected["tune"] or file in expected["evaluate"], file
+
+
+def test_a_stage_runs_no_other_stage_module():
+    """Helpers two stages share live outside the stage modules: a stage's edit reruns that stage alone."""
+    modules, graph, stages = repo_modules(), import_graph(), stage_modules()
+    for stage, module in stages.items():
+        for other_stage, other in stages.items():
+            if other != module:
+                chain = import_chain(module, other, graph, modules)
+                assert not chain.startswith(module), f"{stage} runs stage {other_stage}'s module: {chain}"
+
+
+def test_the_stage_runner_loads_no_model_or_schema_code():
+    """Every stage runs ``run_stage``: the errors it catches come from modules that define errors alone."""
+    modules, graph = repo_modules(), import_graph()
+    runner = closure_files("pipeline.stages.runner", graph, modules)
+    heavy = {f for f in runner if f.startswith(("transformer/", "pipeline/config/"))} - {
+        "transformer/__init__.py", "transformer/errors.py", "pipeline/config/__init__.py", "pipeline/config/errors.py"}
+    assert not heavy, f"pipeline/stages/runner.py runs {sorted(heavy)}"
+
+
 def rewrite_dvc_yaml() -> None:
     """Replace each stage's code deps in ``dvc.yaml`` by its import closure, in place, keeping the
     other deps, the comments and the order of everything else."""

@@ -15,7 +15,9 @@ from typing import Any
 _LAZY = {
     "average_checkpoints": "checkpoint", "load_checkpoint": "checkpoint", "load_model": "checkpoint",
     "save_checkpoint": "checkpoint",
-    "PRESETS": "config", "ConfigError": "config", "ModelConfig": "config", "build_config": "config",
+    "PRESETS": "config", "ModelConfig": "config", "build_config": "config",
+    "CheckpointError": "errors", "ConfigError": "errors", "NonFiniteLossError": "errors",
+    "OutOfMemoryError": "errors",
     "AttentionWeights": "model", "DecoderCache": "model", "Transformer": "model",
     "SearchResult": "search", "beam_search": "search", "greedy_search": "search",
     "BOS_ID": "tokens", "EOS_ID": "tokens", "PAD_ID": "tokens", "UNK_ID": "tokens",

@@ -12,11 +12,8 @@ import torch
 
 from .atomic import atomic_write, file_sha256
 from .config import ModelConfig
+from .errors import CheckpointError  # noqa: F401  (API: raised here, defined apart for light callers)
 from .model import Transformer
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be used; the message says why."""
 
 
 def save_checkpoint(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None:

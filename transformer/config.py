@@ -11,20 +11,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .layers import ACTIVATIONS
-from .positional import POSITIONAL
+from .errors import ConfigError
 
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the field as ``ModelConfig.<field>``.
-
-    ``fields`` holds the offending field name(s), for callers that report them under their own
-    names (the pipeline's params.yaml keys).
-    """
-
-    def __init__(self, message: str, *fields: str) -> None:
-        super().__init__(message)
-        self.fields = fields
+# The variants by name, as plain data: validating a config loads no layer code (the pipeline's params
+# check and the stages that only read a config do not depend on the model's files). The layer
+# modules map each name to its code: ``layers.ACTIVATIONS`` (the paper's ReLU, §3.3, and GELU) and
+# ``positional.POSITIONAL`` (the paper's sinusoids, §3.5, and learned positions); a test checks that
+# those tables have exactly these names.
+ACTIVATION_NAMES = ("relu", "gelu")
+POSITIONAL_NAMES = ("sinusoidal", "learned")
 
 
 @dataclass(frozen=True)
@@ -67,7 +62,7 @@ class ModelConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
                 raise ConfigError(f"ModelConfig.{name} must be a number in [0, 1), got {value!r}", name)
-        for name, table in (("activation", ACTIVATIONS), ("positional", POSITIONAL)):
+        for name, table in (("activation", ACTIVATION_NAMES), ("positional", POSITIONAL_NAMES)):
             if getattr(self, name) not in table:
                 raise ConfigError(f"ModelConfig.{name} must be one of {tuple(table)}, got {getattr(self, name)!r}",
                                   name)

@@ -14,12 +14,13 @@ from torch import Tensor, nn
 from .attention import KVCache, MultiHeadAttention
 from .dropout import Dropout
 
-if TYPE_CHECKING:  # config.py reads ACTIVATIONS below to validate names: no import at run time
+if TYPE_CHECKING:  # annotations only
     from .config import ModelConfig
 
 # The feed-forward activations by ``ModelConfig.activation`` name: the paper's ReLU (§3.3, eq. 2)
-# and GELU (Hendrycks & Gimpel, 2016; a departure, exact erf form). The one list of names:
-# config validation, ``FeedForward``, ``transformer.packed`` and the CTranslate2 export read it.
+# and GELU (Hendrycks & Gimpel, 2016; a departure, exact erf form). The names are
+# ``config.ACTIVATION_NAMES`` (config validation loads no layer code); ``FeedForward``,
+# ``transformer.packed`` and the CTranslate2 export map a name to its function here.
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu}
 
 

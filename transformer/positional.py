@@ -61,8 +61,8 @@ class LearnedPositions(nn.Module):
 
 
 # The position variants by ``ModelConfig.positional`` name, each built as cls(max_positions,
-# d_model) and exposing ``table``: the one list of names (config validation, the model and the
-# CTranslate2 export read it).
+# d_model) and exposing ``table``. The names are ``config.POSITIONAL_NAMES`` (config validation
+# loads no layer code); the model and the CTranslate2 export map a name to its class here.
 POSITIONAL: dict[str, type[nn.Module]] = {
     "sinusoidal": SinusoidalPositions,
     "learned": LearnedPositions,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from .errors import NonFiniteLossError, OutOfMemoryError  # noqa: F401  (API: a training stops with them)
 from .precision import PRECISIONS
 
 
@@ -77,11 +78,3 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"unknown TrainConfig field(s): {', '.join(unknown)}")
         return cls(**values)
-
-
-class OutOfMemoryError(RuntimeError):
-    """A batch did not fit in memory; the message names the batch's size and the knob to turn."""
-
-
-class NonFiniteLossError(RuntimeError):
-    """The loss became NaN or infinite and ``nan_policy`` is ``stop``."""

@@ -25,13 +25,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .checkpoint import CheckpointError, init_weights, load_checkpoint, load_state, save_checkpoint
+from .checkpoint import init_weights, load_checkpoint, load_state, save_checkpoint
 from .data import TokenBatchSampler, TokenStore, collate
+from .errors import CheckpointError, NonFiniteLossError, OutOfMemoryError  # noqa: F401  (API)
 from .loss import label_smoothed_cross_entropy
 from .model import Transformer
 from .precision import autocast, check_precision, default_device, resolve_precision
 from .schedule import make_optimizer, make_scheduler
-from .train_config import NonFiniteLossError, OutOfMemoryError, TrainConfig  # noqa: F401  (API)
+from .train_config import TrainConfig
 
 CHECKPOINT_PATTERN = re.compile(r"checkpoint_(\d+)\.pt$")
 # TrainConfig fields that may change between a checkpoint and its resumption. ``init_from`` is a

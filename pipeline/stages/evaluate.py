@@ -18,36 +18,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-import sacrebleu
-import torch
-
 from pipeline import tracking
 from pipeline.config import paths
-from pipeline.config.params import Decoding, Params, ParamsError, decoding_settings, load_params
+from pipeline.config.params import Decoding, Params, decoding_settings, load_params
 from pipeline.data.text_files import read_lines
 from pipeline.figures.attention_plots import plot_attention
 from pipeline.scoring.paper_bleu import bleu_tok_compound_split
-from pipeline.serving.decoding import DecodingConfig
-from pipeline.serving.translator import Translator, load_translator
+from pipeline.scoring.sacrebleu_scores import score
+from pipeline.serving.split_decoding import TUNE_DIR, TUNE_RUN, build_translator, load_averaged, split_files
+from pipeline.serving.translator import Translator
 from pipeline.stages.runner import run_stage
 from transformer.atomic import write_json, write_lines
-from transformer.checkpoint import file_sha256, load_checkpoint
+from transformer.checkpoint import file_sha256
 from transformer.search import attention_weights
 
 DEV, DECODING = "dev", "decoding"   # metrics.json keys beside the test sets'
-TUNE_DIR = paths.REPORTS_DIR / "tune"          # the tune stage's chosen validation translations + run.json
-TUNE_RUN = TUNE_DIR / "run.json"
-
-
-def score(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
-    """Corpus BLEU and chrF of detokenized text, sacrebleu's defaults (13a tokenization, cased),
-    and the hypothesis/reference length ratio (below 1: the brevity penalty bites)."""
-    bleu, chrf = sacrebleu.BLEU(), sacrebleu.CHRF()
-    b = bleu.corpus_score(hypotheses, [references])
-    c = chrf.corpus_score(hypotheses, [references])
-    return {"bleu": round(b.score, 2), "chrf": round(c.score, 2),
-            "length_ratio": round(b.sys_len / b.ref_len, 3) if b.ref_len else 0.0,
-            "signature": str(bleu.get_signature()), "chrf_signature": str(chrf.get_signature())}
 
 
 PAPER_KEY = "bleu_tok_compound_split"
@@ -63,37 +48,6 @@ def paper_score(hypotheses: list[str], references: list[str], lang: str) -> dict
 def scores_of_test_sets(metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The test sets' entries of ``reports/metrics.json`` (without ``dev`` and ``decoding``)."""
     return {k: v for k, v in metrics.items() if k not in (DEV, DECODING)}
-
-
-def load_averaged() -> dict[str, Any]:
-    """The averaged model checkpoint (config and weights)."""
-    for needed in (paths.AVERAGED_MODEL, paths.TOKENIZER_MODEL):
-        if not needed.is_file():
-            raise ParamsError(f"{needed} does not exist: run the earlier stages first (dvc repro)")
-    return load_checkpoint(paths.AVERAGED_MODEL)
-
-
-def build_translator(checkpoint: dict[str, Any], params: Params, beam_size: int | None = None,
-                     alpha: float | None = None, device: torch.device | None = None) -> Translator:
-    """The averaged model and its tokenizer (checked to be the model's) decoding with ``evaluate``'s
-    settings, ``beam_size`` and ``alpha`` where given (None: the paper's until set on the translator)."""
-    decoding = DecodingConfig.of(params.evaluate).replace(beam_size=beam_size, alpha=alpha)
-    try:
-        return load_translator(checkpoint, paths.TOKENIZER_MODEL, decoding, device, str(paths.AVERAGED_MODEL),
-                               hint="rerun the pipeline (dvc repro)")
-    except ValueError as err:   # not a usable SentencePiece model
-        raise ParamsError(str(err)) from None
-
-
-def split_files(split: str, key: str, params: Params) -> tuple[Path, Path]:
-    """The source and reference files of ``split`` (a ParamsError naming ``key`` when missing)."""
-    data = params.data
-    files = paths.corpus_file(split, data.src_lang), paths.corpus_file(split, data.tgt_lang)
-    for f in files:
-        if not f.is_file():
-            label = "test set" if key == "data.test_sets" else "validation set"
-            raise ParamsError(f"{label} {split}: {f} does not exist ({key})")
-    return files
 
 
 def draw_attention(translator: Translator, sources: list[str], count: int,

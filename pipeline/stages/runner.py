@@ -1,5 +1,9 @@
 """Running a DVC stage: a user error (bad params, bad data, an unusable checkpoint) prints one
-line and exits 2, without a traceback; the stage never outlives the process that started it."""
+line and exits 2, without a traceback; the stage never outlives the process that started it.
+
+Every stage runs this, the download and tokenizer stages included: it imports only light modules
+(the errors it catches come from ``transformer.errors``, not from the model or training code that
+raises them), so that no stage depends on code it does not run."""
 
 from __future__ import annotations
 
@@ -8,14 +12,13 @@ from collections.abc import Callable
 
 from pipeline.config.params import ParamsError
 from pipeline.data.spec import DataError
+from transformer.errors import CheckpointError, NonFiniteLossError, OutOfMemoryError  # no model code
 
 
 def run_stage(main: Callable[[], None]) -> None:
     """Run a stage's ``main``; a user error (bad params, bad data, unusable checkpoint) prints
     one line and exits 2, without a traceback."""
     from pipeline.stages.parent_death import signal_when_parent_dies
-    from transformer.checkpoint import CheckpointError
-    from transformer.train_config import NonFiniteLossError, OutOfMemoryError
 
     signal_when_parent_dies()   # DVC gone (its flow run killed): SIGTERM, not an orphan stage
     try:

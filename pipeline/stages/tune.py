@@ -28,8 +28,9 @@ from pipeline import tracking
 from pipeline.config import paths
 from pipeline.config.params import TUNE_REPORT, Params, TuneParams, load_params
 from pipeline.data.text_files import read_lines
+from pipeline.scoring.sacrebleu_scores import score
+from pipeline.serving.split_decoding import TUNE_DIR, TUNE_RUN, build_translator, load_averaged, split_files
 from pipeline.serving.translator import Translator
-from pipeline.stages.evaluate import TUNE_DIR, TUNE_RUN, build_translator, load_averaged, score, split_files
 from pipeline.stages.runner import run_stage
 from transformer.atomic import write_json, write_lines
 from transformer.checkpoint import file_sha256

@@ -119,11 +119,14 @@ def test_every_message_names_the_package_s_fields_not_params_yaml_keys():
 
 
 def test_variant_names_come_from_the_tables():
-    """Validation accepts exactly the names of layers.ACTIVATIONS and positional.POSITIONAL."""
+    """Validation accepts exactly the names of layers.ACTIVATIONS and positional.POSITIONAL, which
+    config.py holds as plain data (it imports no layer code)."""
+    from transformer.config import ACTIVATION_NAMES, POSITIONAL_NAMES
     from transformer.layers import ACTIVATIONS
     from transformer.positional import POSITIONAL
 
     assert set(ACTIVATIONS) == {"relu", "gelu"} and set(POSITIONAL) == {"sinusoidal", "learned"}
+    assert tuple(ACTIVATIONS) == ACTIVATION_NAMES and tuple(POSITIONAL) == POSITIONAL_NAMES
     for name in ACTIVATIONS:
         assert build_config("tiny", 10, activation=name).activation == name
     for name in POSITIONAL:

@@ -1,0 +1,58 @@
+"""Decoding a split of the corpus with the pipeline's averaged model, as the tune and evaluate
+stages do (beam search, §6.1): the model and its tokenizer as a ``Translator`` with ``evaluate``'s
+settings, a split's source and reference files, and where tune leaves its decoded validation set
+for evaluate to reuse.
+
+Shared by the two stages and by neither's module, so that each stage depends on the code it runs
+and no other stage's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline.config import paths
+from pipeline.config.params import ParamsError
+from pipeline.serving.decoding import DecodingConfig
+from pipeline.serving.translator import Translator, load_translator
+from transformer.checkpoint import load_checkpoint
+
+if TYPE_CHECKING:
+    import torch
+
+    from pipeline.config.params import Params
+
+TUNE_DIR = paths.REPORTS_DIR / "tune"   # the tune stage's chosen validation translations + run.json
+TUNE_RUN = TUNE_DIR / "run.json"        # what tune decoded there (model hash, settings, sentences)
+
+
+def load_averaged() -> dict[str, Any]:
+    """The averaged model checkpoint (config and weights)."""
+    for needed in (paths.AVERAGED_MODEL, paths.TOKENIZER_MODEL):
+        if not needed.is_file():
+            raise ParamsError(f"{needed} does not exist: run the earlier stages first (dvc repro)")
+    return load_checkpoint(paths.AVERAGED_MODEL)
+
+
+def build_translator(checkpoint: dict[str, Any], params: Params, beam_size: int | None = None,
+                     alpha: float | None = None, device: torch.device | None = None) -> Translator:
+    """The averaged model and its tokenizer (checked to be the model's) decoding with ``evaluate``'s
+    settings, ``beam_size`` and ``alpha`` where given (None: the paper's until set on the translator)."""
+    decoding = DecodingConfig.of(params.evaluate).replace(beam_size=beam_size, alpha=alpha)
+    try:
+        return load_translator(checkpoint, paths.TOKENIZER_MODEL, decoding, device, str(paths.AVERAGED_MODEL),
+                               hint="rerun the pipeline (dvc repro)")
+    except ValueError as err:   # not a usable SentencePiece model
+        raise ParamsError(str(err)) from None
+
+
+def split_files(split: str, key: str, params: Params) -> tuple[Path, Path]:
+    """The source and reference files of ``split`` (a ParamsError naming ``key`` when missing)."""
+    data = params.data
+    files = paths.corpus_file(split, data.src_lang), paths.corpus_file(split, data.tgt_lang)
+    for f in files:
+        if not f.is_file():
+            label = "test set" if key == "data.test_sets" else "validation set"
+            raise ParamsError(f"{label} {split}: {f} does not exist ({key})")
+    return files
