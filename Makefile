@@ -45,10 +45,16 @@ push: stack-deps  ## dvc push --run-cache to the team's remote (data, models, re
 pull: stack-deps  ## dvc pull from the team's remote
 	$(BIN)/python -m pipeline.stack pull
 
-run: setup  ## the whole pipeline on the default data set (set DATA_MIRROR for air-gapped machines)
+run: setup  ## the whole pipeline on the default data set (set DATA_MIRROR for air-gapped machines); RECIPE=params/<file>.yaml runs that recipe as a DVC experiment
+ifeq ($(RECIPE),)
 	$(BIN)/python -m pipeline.config   # every section checked first: DVC deletes a stage's outputs before running it
 	$(BIN)/python -m pipeline.tracking.preflight   # a tracking server that refuses or does not answer stops here
 	$(BIN)/dvc repro
+else
+	$(BIN)/python -m pipeline.config.recipe --check $(RECIPE)   # params.yaml with the recipe, checked first
+	$(BIN)/python -m pipeline.tracking.preflight
+	$(BIN)/python -m pipeline.config.recipe $(RECIPE)   # dvc exp run -S <each recipe key>: DVC records them
+endif
 	$(BIN)/dvc metrics show
 
 TEST_WORKERS ?= 2

@@ -37,7 +37,7 @@ import ctranslate2
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from pipeline.config.params import PARAMS_FILE
+from pipeline.config.loader import PARAMS
 from pipeline.serving.decoding import STOPPING, DecodingConfig
 from pipeline.serving.export import export_ctranslate2, sentencepiece_vocabulary
 from pipeline.serving.translate import decoding_defaults
@@ -97,7 +97,7 @@ def main() -> None:
     parser.add_argument("--tokenizer", type=Path, default=Path("data/tokenizer/spm.model"))
     parser.add_argument("--data", type=Path, default=Path("data/corpus/test_2016_flickr.en"))
     parser.add_argument("--sentences", type=int, default=60)
-    parser.add_argument("--params", type=Path, default=PARAMS_FILE)
+    parser.add_argument("--params", type=Path, default=PARAMS)
     parser.add_argument("--beam", type=int, help="default: what the params file and the tune report serve")
     parser.add_argument("--alpha", type=float, help="default: what the params file and the tune report serve")
     parser.add_argument("--stopping", choices=STOPPING, help="default: what the params file and the tune report serve")

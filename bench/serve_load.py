@@ -195,11 +195,12 @@ def main() -> None:
     parser.add_argument("--no-mlflow", action="store_true", help="skip MLflow's server (no ratio)")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # the servers it started stop too (finally)
-    from pipeline.config.params import PARAMS_FILE, load_params
+    from pipeline.config.loader import PARAMS
+    from pipeline.config.params import load_params
     from pipeline.serving.server.model_source import wanted_version
     from pipeline.tracking import store
 
-    name = args.name or (load_params(PARAMS_FILE).tracking.registered_model if Path(PARAMS_FILE).is_file()
+    name = args.name or (load_params(PARAMS).tracking.registered_model if PARAMS.is_file()
                          else "transformer")
     version, why, run_id = wanted_version(store.client(), name)
     sentences = SENTENCES

@@ -166,7 +166,7 @@ def test_no_import_cycle_anywhere():
 
 def test_the_graph_sees_lazy_imports_and_skips_type_checking_ones():
     graph = import_graph()
-    assert "pipeline.data.registry" in graph["pipeline.config.params"]
+    assert "pipeline.data.registry" in graph["pipeline.config.data"]
     assert "pipeline.config.params" not in graph["pipeline.data.corpus"]   # an `if TYPE_CHECKING:` import
 
 

@@ -122,7 +122,7 @@ def recipe_file(ws: Workspace) -> str:
     steps = ws.summary()["steps"]
     params["train"].update(max_steps=int(steps), max_minutes=0)
     return ("# Multi30k on one GPU, chosen on val by the GPU campaign (bench/gpu/recipes.py, recipe "
-            f"{ws.name}).\n# Use: cp params/multi30k_gpu.yaml params.yaml && dvc repro\n"
+            f"{ws.name}).\n# Use: make run RECIPE=params/multi30k_gpu.yaml\n"
             + yaml.safe_dump(params, sort_keys=False))
 
 

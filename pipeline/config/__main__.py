@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from pipeline.config.params import PARAMS_FILE, check
+from pipeline.config.loader import PARAMS
+from pipeline.config.params import check
 from pipeline.stages.runner import run_stage
 
 
@@ -15,8 +16,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("overrides", nargs="*", metavar="section.key=value",
                         help="overrides to check with it, as dvc exp run -S takes them")
     args = parser.parse_args(argv)
-    check(PARAMS_FILE, args.overrides)
-    print(f"{PARAMS_FILE}: every section valid", flush=True)
+    check(PARAMS, args.overrides)
+    print(f"{PARAMS}: every section valid", flush=True)
 
 
 if __name__ == "__main__":

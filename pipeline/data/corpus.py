@@ -35,7 +35,7 @@ from pipeline.data.spec import TRAIN_SPLIT, Corpus, DataError, RemoteFile, Side
 from transformer.atomic import atomic_dir, file_sha256, fsync_files
 
 if TYPE_CHECKING:  # only the type: the params schema imports the registry; nothing here needs it at run time
-    from pipeline.config.params import DataParams
+    from pipeline.config.data import DataParams
 
 Located = tuple[Corpus, tuple[Path, Side], tuple[Path, Side]]
 

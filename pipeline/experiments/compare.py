@@ -24,6 +24,7 @@ import mlflow  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from pipeline.config.params import load_params  # noqa: E402
+from pipeline.experiments.ranking import RANK_METRIC  # noqa: E402
 from pipeline.tracking import store  # noqa: E402
 from transformer.atomic import atomic_write, write_text  # noqa: E402
 
@@ -31,9 +32,6 @@ REPORT = Path("reports/compare.md")
 PLOT = Path("reports/compare_valid.png")
 # Params that differ between every pair of runs and say nothing about the model.
 IGNORED_PARAMS = {"derived.train_target_tokens"}
-# Validation BLEU of the averaged model with the decoding settings chosen on the validation set
-# (logged by the tune stage): what ranks runs. Test scores are shown, never used to rank.
-RANK_METRIC = "valid_bleu"
 
 
 def runs_table(experiment: str, metric: str = RANK_METRIC,

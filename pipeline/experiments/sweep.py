@@ -18,16 +18,13 @@ for the queue unless already set). Results: ``make compare``, ``dvc exp show``, 
 from __future__ import annotations
 
 import argparse
-import copy
 import itertools
 import json
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,14 +32,14 @@ from typing import Any
 
 import yaml
 
-from pipeline.config.params import SECTIONS, ParamsError, load_params
+from pipeline.config.errors import ParamsError
+from pipeline.config.loader import PARAMS, SECTION_NAMES, read_params
+from pipeline.config.overrides import dvc_executable, hydra_value, set_param
+from pipeline.config.params import check, load_params
+from pipeline.experiments.ranking import RANK_METRIC
 
 SWEEP_FILE = Path("params/sweep.yaml")
-PARAMS = Path("params.yaml")          # the file `dvc exp run -S` edits
-RANK_METRIC = "valid_bleu"   # compare.RANK_METRIC (not imported: compare loads matplotlib and mlflow)
 PHASES = ("proxy", "final")
-_PLAIN = re.compile(r"^[A-Za-z_][\w\-./]*$")
-_HYDRA_WORDS = {"true", "false", "null", "nan", "inf", "-inf"}
 
 
 class SweepError(ValueError):
@@ -62,36 +59,22 @@ class Sweep:
         return [dict(zip(keys, values)) for values in itertools.product(*self.grid.values())]
 
 
-def _set(raw: dict[str, Any], key: str, value: Any) -> None:
-    section, name = key.split(".", 1)
-    if not isinstance(raw.get(section), dict):
-        raw[section] = {}
-    raw[section][name] = value
-
-
-def _validate(where: Path, raw: dict[str, Any], params_path: Path, overrides: dict[str, Any]) -> None:
-    """Load ``raw`` with ``overrides`` through the params loader (in params.yaml's folder, so relative
-    paths resolve as they will); its one-line error becomes this file's."""
-    merged = copy.deepcopy(raw)
-    for key, value in overrides.items():
-        _set(merged, key, value)
-    with tempfile.NamedTemporaryFile("w", dir=params_path.parent, prefix=".sweep-check-", suffix=".yaml") as f:
-        yaml.safe_dump(merged, f, sort_keys=False)
-        f.flush()
-        try:
-            load_params(f.name)
-        except ParamsError as err:
-            message = str(err).removeprefix("params.yaml: ")
-            raise SweepError(f"{where}: {message}") from None
+def _validate(where: Path, params_path: Path, overrides: dict[str, Any]) -> None:
+    """params.yaml with ``overrides`` applied, checked as ``make run`` checks it; its one-line error
+    becomes this file's."""
+    try:
+        check(params_path, overrides)
+    except ParamsError as err:
+        raise SweepError(f"{where}: {str(err).removeprefix('params.yaml: ')}") from None
 
 
 def _check_key(where: Path, group: str, key: Any) -> str:
     if not isinstance(key, str) or key.count(".") != 1 or not all(key.split(".")):
         raise SweepError(f"{where}: {group} key {key!r} is not a params.yaml key of the form section.key")
     section = key.split(".")[0]
-    if section not in SECTIONS:
+    if section not in SECTION_NAMES:
         raise SweepError(f"{where}: unknown key {key}: params.yaml has no section {section} "
-                         f"(sections: {', '.join(SECTIONS)})")
+                         f"(sections: {', '.join(SECTION_NAMES)})")
     return key
 
 
@@ -133,43 +116,19 @@ def load_sweep(path: Path = SWEEP_FILE, params_path: Path = PARAMS) -> Sweep:
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise SweepError(f"{path}: top must be a positive integer, got {top!r}")
     sweep = Sweep(grid, fixed["proxy"], fixed["final"], top)
-    raw = yaml.safe_load(params_path.read_text()) or {}
+    read_params(params_path)   # params.yaml's own problems (missing, not YAML) named as its own
     for key, values in grid.items():                      # each key alone first: the error names it
         for value in values:
-            _validate(path, raw, params_path, {key: value})
+            _validate(path, params_path, {key: value})
     for key, value in {**sweep.proxy, **sweep.final}.items():
-        _validate(path, raw, params_path, {key: value})
+        _validate(path, params_path, {key: value})
     for point in sweep.points():
         for group in (sweep.proxy, sweep.final):
-            _validate(path, raw, params_path, {**point, **group})
+            _validate(path, params_path, {**point, **group})
     return sweep
 
 
 # ----------------------------------------------------------------------------- dvc commands
-
-
-def hydra_value(value: Any) -> str:
-    """``value`` in Hydra's override grammar, which ``dvc exp run -S`` parses."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, list):
-        return "[" + ",".join(hydra_value(v) for v in value) + "]"
-    text = str(value)
-    if _PLAIN.match(text) and text.lower() not in _HYDRA_WORDS:
-        return text
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def set_param(key: str, values: list[Any], raw: dict[str, Any]) -> str:
-    """One ``-S`` argument: ``key=a,b,c`` (DVC's grid syntax) or ``key=a``; ``+key`` when params.yaml
-    lacks the key (a model field the preset sets), as Hydra requires for a new key."""
-    section, name = key.split(".", 1)
-    prefix = "" if isinstance(raw.get(section), dict) and name in raw[section] else "+"
-    return f"{prefix}{key}=" + ",".join(hydra_value(v) for v in values)
 
 
 def queue_args(name: str, grid: dict[str, list[Any]], fixed: dict[str, Any], raw: dict[str, Any]) -> list[str]:
@@ -182,11 +141,6 @@ def queue_args(name: str, grid: dict[str, list[Any]], fixed: dict[str, Any], raw
 
 
 RUN_ARGS = ["exp", "run", "--run-all", "-j", "1"]   # one worker: experiments run one after the other
-
-
-def dvc_executable() -> str:
-    beside = Path(sys.executable).parent / "dvc"
-    return str(beside) if beside.is_file() else (shutil.which("dvc") or "dvc")
 
 
 def dvc(args: list[str], capture: bool = False) -> subprocess.CompletedProcess:

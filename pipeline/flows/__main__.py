@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     root = args.workdir.resolve()
 
-    from pipeline.config.params import ParamsError
+    from pipeline.config.errors import ParamsError
     from pipeline.flows import pipelines, serving
     from pipeline.tracking.preflight import PreflightError, check_tracking_server
 

@@ -15,6 +15,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from pipeline.config import paths
+from pipeline.config.loader import PARAMS
 from pipeline.config.params import Params, load_params
 from pipeline.config.params import check as check_params
 from pipeline.data.text_files import read_lines
@@ -51,7 +52,7 @@ def tracking_uri(root: Path) -> str:
 
 
 def params_of(root: Path) -> Params:
-    return load_params(root / os.environ.get("PARAMS_FILE", "params.yaml"))
+    return load_params(root / PARAMS)
 
 
 def read_metrics(root: Path) -> dict[str, dict[str, Any]]:
@@ -128,7 +129,7 @@ def training_pipeline(workdir: str = ".", overrides: list[str] | None = None) ->
         check_overrides(overrides)
     # Every section, overrides applied, before DVC runs anything: DVC deletes a stage's outputs before
     # the stage could refuse a bad value.
-    check_params(root / os.environ.get("PARAMS_FILE", "params.yaml"), list(overrides or []))
+    check_params(root / PARAMS, list(overrides or []))
     remote = default_remote(root)
     if remote:
         get_run_logger().info("DVC remote %r: each stage pulls what another machine pushed before it runs", remote)

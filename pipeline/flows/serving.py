@@ -30,7 +30,7 @@ from uuid import UUID
 
 from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
 
-from pipeline.config.params import FlowsParams
+from pipeline.config.flows import FlowsParams
 
 HOST = "127.0.0.1"
 DB_ENV = ("PREFECT_SERVER_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_CONNECTION_URL")

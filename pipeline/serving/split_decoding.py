@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.config import paths
-from pipeline.config.params import ParamsError
+from pipeline.config.errors import ParamsError
 from pipeline.serving.decoding import DecodingConfig
 from pipeline.serving.translator import Translator, load_translator
 from transformer.checkpoint import load_checkpoint

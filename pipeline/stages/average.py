@@ -9,7 +9,10 @@ from typing import Any
 
 from pipeline import tracking
 from pipeline.config import paths
-from pipeline.config.params import Params, ParamsError, load_params
+from pipeline.config.average import AverageParams
+from pipeline.config.errors import ParamsError
+from pipeline.config.loader import Sections, load_sections
+from pipeline.config.tracking import TrackingParams
 from pipeline.stages.runner import run_stage
 from transformer.checkpoint import average_checkpoints, file_sha256, save_checkpoint
 from transformer.trainer import list_checkpoints
@@ -29,7 +32,7 @@ def average(last_n: int) -> dict[str, Any]:
     return average_checkpoints(checkpoints[-last_n:])
 
 
-def record(params: Params, averaged: dict[str, Any], seconds: float) -> None:
+def record(params: Sections, averaged: dict[str, Any], seconds: float) -> None:
     """Log the averaging into the training run (or a child run when ``average`` params changed) and
     link that run to the averaged model's sha256, where tune and evaluate find it."""
     from pipeline.tracking import links, runs
@@ -46,7 +49,7 @@ def record(params: Params, averaged: dict[str, Any], seconds: float) -> None:
 
 def main() -> None:
     argparse.ArgumentParser(description=__doc__).parse_args()
-    params = load_params()
+    params = load_sections(AverageParams, TrackingParams)
     record_run = tracking.enabled()
     start = time.monotonic()
     averaged = average(params.average.last_n)

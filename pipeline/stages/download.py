@@ -1,6 +1,6 @@
 """DVC stage ``download``: fetch, verify and clean the corpus named in ``params.yaml`` (section data).
 
-    python -m pipeline.stages.download        # PARAMS_FILE=... to read another params file
+    python -m pipeline.stages.download
 
 Writes ``data/corpus/`` (plain text, one sentence a line, plus ``stats.json``) and keeps the
 verified downloads in ``data/cache/``. A bad parameter or a data problem (hash mismatch,
@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.config import paths
-from pipeline.config.params import load_params
+from pipeline.config.data import DataParams
+from pipeline.config.loader import load_sections
 from pipeline.data.corpus import prepare_corpus
 from pipeline.stages.runner import run_stage
 
@@ -28,7 +29,7 @@ def format_table(stats: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    data = load_params().data
+    data = load_sections(DataParams).data
     stats = prepare_corpus(data, paths.CORPUS_DIR, paths.DOWNLOAD_CACHE)
     print(f"{stats['dataset']} {data.pair} -> {paths.CORPUS_DIR}/")
     print(format_table(stats))

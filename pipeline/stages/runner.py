@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from pipeline.config.params import ParamsError
+from pipeline.config.errors import ParamsError
 from pipeline.data.spec import DataError
 from transformer.errors import CheckpointError, NonFiniteLossError, OutOfMemoryError  # no model code
 

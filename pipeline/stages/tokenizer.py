@@ -16,7 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from pipeline.config import paths
-from pipeline.config.params import DataParams, ParamsError, TokenizerParams, load_params
+from pipeline.config.data import DataParams
+from pipeline.config.errors import ParamsError
+from pipeline.config.loader import load_sections
+from pipeline.config.tokenizer import TokenizerParams
 from pipeline.data.spec import DataError
 from pipeline.stages.runner import run_stage
 from transformer.atomic import write_bytes, write_json
@@ -116,7 +119,7 @@ def encode_splits(data: DataParams, tokenizer: Tokenizer) -> dict[str, dict[str,
 
 def main() -> None:
     argparse.ArgumentParser(description=__doc__).parse_args()
-    params = load_params()
+    params = load_sections(DataParams, TokenizerParams)
     start = time.monotonic()
     check_corpus(params.data)
     tokenizer = build_tokenizer(params.data, params.tokenizer)

@@ -39,7 +39,13 @@ import torch.distributed as dist
 
 from pipeline import tracking
 from pipeline.config import paths
-from pipeline.config.params import Params, ParamsError, load_params
+from pipeline.config.data import DataParams
+from pipeline.config.errors import ParamsError
+from pipeline.config.loader import Sections, load_sections
+from pipeline.config.model import ModelSection
+from pipeline.config.tokenizer import TokenizerParams
+from pipeline.config.tracking import TrackingParams
+from pipeline.config.train import TrainSection, check_init_files
 from pipeline.data.spec import DataError
 from pipeline.figures.curves import CurveWriter
 from pipeline.stages.runner import run_stage
@@ -109,7 +115,7 @@ def open_store(split: str) -> TokenStore:
                         "run the tokenizer stage again (dvc repro -f tokenizer)") from None
 
 
-def mlflow_callback(params: Params, trainer: Trainer, tracked: dict[str, object],
+def mlflow_callback(params: Sections, trainer: Trainer, tracked: dict[str, object],
                     derived: dict[str, object]) -> MlflowCallback:
     """The trainer's MLflow hooks: one run per training, tagged with the data, device and starting
     weights. Imported here, so that with tracking off (``PIPELINE_TRACKING=off``) MLflow never is."""
@@ -123,7 +129,8 @@ def mlflow_callback(params: Params, trainer: Trainer, tracked: dict[str, object]
 
 
 def train(callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
-    params = load_params()
+    params = load_sections(DataParams, TokenizerParams, ModelSection, TrainSection, TrackingParams)
+    check_init_files(params.train, params.tokenizer)   # fine-tuning's inputs, before any work
     record = tracking.enabled()   # a bad PIPELINE_TRACKING stops here, before any work
     rank = init_distributed()
     train_data = open_store("train")

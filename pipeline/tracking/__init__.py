@@ -34,6 +34,6 @@ def enabled() -> bool:
         return False
     if value in _ON:
         return True
-    from pipeline.config.params import ParamsError  # only for the message: params is every stage's already
+    from pipeline.config.errors import ParamsError  # light: the errors alone, not the params schema
 
     raise ParamsError(f"{TRACKING_ENV}={value!r}: expected on or off (1/0, true/false, yes/no)")

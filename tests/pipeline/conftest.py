@@ -73,7 +73,7 @@ def make_workspace(root: Path, params: dict) -> tuple[Path, dict[str, str]]:
     (root / "data" / "incoming").mkdir(parents=True)   # a dependency of the download stage
     shutil.copy(REPO / "data" / "incoming" / "README.md", root / "data" / "incoming" / "README.md")
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_", "PARAMS_FILE"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
     env.update(PYTHONPATH=str(root), DATA_MIRROR=str(MIRROR), PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
                MLFLOW_TRACKING_URI=f"sqlite:///{root / 'mlflow.db'}", GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t",
                GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t", OMP_NUM_THREADS="1")

@@ -35,7 +35,7 @@ def tiny_params(overrides: dict | None = None) -> dict:
 
 def stage_env(root: Path) -> dict[str, str]:
     """The environment a stage subprocess gets: this checkout's code, a tracking store in ``root``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_", "PARAMS_FILE", "DATA_MIRROR"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_", "DATA_MIRROR"))}
     env.update(PYTHONPATH=str(REPO), MLFLOW_TRACKING_URI=f"sqlite:///{root / 'mlflow.db'}", OMP_NUM_THREADS="1")
     return env
 

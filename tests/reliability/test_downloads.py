@@ -71,7 +71,7 @@ def test_download_stage_rejects_truncated_and_tampered_downloads(tmp_path):
             ws = tmp_path / name / "ws"
             ws.mkdir()
             (ws / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-            env = {k: v for k, v in os.environ.items() if k not in ("PARAMS_FILE", "DATA_MIRROR")}
+            env = {k: v for k, v in os.environ.items() if k != "DATA_MIRROR"}
             env.update(PYTHONPATH=str(REPO), DATA_MIRROR=url, NO_PROXY="127.0.0.1,localhost",
                        no_proxy="127.0.0.1,localhost")
             procs[name] = (subprocess.Popen([sys.executable, "-m", "pipeline.stages.download"], cwd=ws, env=env,

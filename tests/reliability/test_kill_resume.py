@@ -235,7 +235,7 @@ def stage_workspace(root: Path, store: Path, experiment: str) -> tuple[Path, dic
     tokens.mkdir(parents=True)
     shutil.copytree(store, tokens / "train")
     shutil.copytree(store, tokens / params["data"]["valid_set"])
-    env = {k: v for k, v in child_env().items() if not k.startswith(("MLFLOW_", "PARAMS_FILE"))}
+    env = {k: v for k, v in child_env().items() if not k.startswith("MLFLOW_")}
     env["MLFLOW_TRACKING_URI"] = f"sqlite:///{root.parent / 'mlflow.db'}"
     return root, env
 

@@ -415,8 +415,7 @@ def test_malformed_input_is_refused_in_one_line_and_nothing_is_written(case, bas
     ws, outside = tmp_path / "ws", tmp_path / "outside"
     shutil.copytree(base_workspace, ws, ignore=shutil.ignore_patterns("mlartifacts"))
     outside.mkdir()
-    for name in ("DATA_MIRROR", "PARAMS_FILE"):
-        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("DATA_MIRROR", raising=False)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{ws / 'mlflow.db'}")
     monkeypatch.setattr(checksums, "CHECKSUMS_FILE", outside / "checksums.json")
     monkeypatch.chdir(ws)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from pipeline.config.params import EvaluateParams, ParamsError, decoding_settings, load_params
+from pipeline.config.params import EvaluateParams, ParamsError, load_params
+from pipeline.serving.decoding import decoding_settings
 from tests.pipeline.conftest import REPO
 from transformer.trainer import TrainConfig
 
@@ -105,9 +106,9 @@ BAD = [
     (setter("evaluate", "precision", "int8"), "evaluate.precision must be one of fp32, bf16, got 'int8'"),
     (setter("evaluate", "alpha", "long"), "params.yaml: evaluate.alpha must be a number, got 'long'"),
     (setter("tune", "alphas", []), "params.yaml: tune.alphas must list at least one value"),
-    (setter("tune", "alphas", [0.6, -1]), "params.yaml: tune.alphas: alpha must be a number >= 0, got -1.0"),
+    (setter("tune", "alphas", [0.6, -1]), "params.yaml: tune.alphas[1] must be a number >= 0, got -1.0"),
     (setter("tune", "alphas", 0.6), "params.yaml: tune.alphas must be a list, got 0.6"),
-    (setter("tune", "beam_sizes", [4, 0]), "params.yaml: tune.beam_sizes: beam_size must be a positive integer, got 0"),
+    (setter("tune", "beam_sizes", [4, 0]), "params.yaml: tune.beam_sizes[1] must be a positive integer, got 0"),
     (setter("tune", "beam_sizes", [4, 4]), "params.yaml: tune.beam_sizes lists a value twice: [4, 4]"),
     (setter("tune", "beam_sizes", [4.5]), "params.yaml: tune.beam_sizes[0] must be an integer, got 4.5"),
     (setter("tune", "max_sentences", -1), "params.yaml: tune.max_sentences must be >= 0 (0 = all), got -1"),

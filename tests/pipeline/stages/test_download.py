@@ -25,7 +25,7 @@ def run_stage(cwd: Path, data: dict, mirror: Path | None) -> subprocess.Complete
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["data"] = {**params.get("data", {}), **data}
     (cwd / "params.yaml").write_text(yaml.safe_dump(params))
-    env = {k: v for k, v in os.environ.items() if k not in ("PARAMS_FILE", "DATA_MIRROR")}
+    env = {k: v for k, v in os.environ.items() if k != "DATA_MIRROR"}
     env["PYTHONPATH"] = str(REPO)
     if mirror is not None:
         env["DATA_MIRROR"] = str(mirror)

@@ -28,7 +28,7 @@ def test_grid_is_every_point_ascending_and_greedy_once():
 
 
 def test_a_bad_stopping_rule_in_the_grid_is_named():
-    with pytest.raises(ValueError, match="tune.stoppings: stopping must be one of exact, fairseq, got 'soon'"):
+    with pytest.raises(ValueError, match=r"tune.stoppings\[1\] must be one of exact, fairseq, got 'soon'"):
         TuneParams(stoppings=["exact", "soon"])
 
 

@@ -1,0 +1,92 @@
+"""A recipe: a params file under ``params/`` (all of params.yaml, or some sections or keys of it) run
+as one DVC experiment, each of its keys an override DVC records.
+
+    make run RECIPE=params/wmt14_en_de_base.yaml
+    python -m pipeline.config.recipe params/wmt14_en_de_base.yaml [--check | --dry-run]
+
+params.yaml with the recipe applied is checked first (one line naming the key, exit 2; DVC deletes a
+stage's outputs before the stage could refuse a value), then ``dvc exp run -S section.key=value ...``
+runs the pipeline in the workspace: DVC writes the values into params.yaml and records them with the
+experiment, so the recipe's run is reproducible and comparable (``dvc exp show``) like any other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.config.errors import ParamsError
+from pipeline.config.loader import PARAMS, SECTION_NAMES, read_params
+from pipeline.config.overrides import dvc_executable, set_param
+from pipeline.config.params import check
+
+
+def recipe_keys(path: Path) -> dict[str, Any]:
+    """``path``'s keys as ``{"section.key": value}``, in the file's order; ``ParamsError`` naming
+    the file when it is missing, not YAML, or not sections of keys."""
+    if not path.is_file():
+        raise ParamsError(f"recipe {path} does not exist")
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ParamsError(f"recipe {path} is not valid YAML: {' '.join(str(err).split())}") from None
+    if not isinstance(doc, dict):
+        raise ParamsError(f"recipe {path} must be a mapping of params.yaml sections")
+    keys: dict[str, Any] = {}
+    for section, values in doc.items():
+        if section not in SECTION_NAMES:
+            raise ParamsError(f"{path}: unknown section {section} (known: {', '.join(SECTION_NAMES)})")
+        if not isinstance(values, dict):
+            raise ParamsError(f"{path}: section {section} must be a mapping, got {values!r}")
+        keys.update({f"{section}.{name}": value for name, value in values.items()})
+    return keys
+
+
+def check_recipe(path: Path, params: Path = PARAMS) -> dict[str, Any]:
+    """``params`` alone, then with ``path``'s keys applied, validated as ``make run`` validates
+    params.yaml; an error names the file whose value is bad. Returns the recipe's keys."""
+    read_params(params)
+    check(params)
+    keys = recipe_keys(path)
+    try:
+        check(params, keys)
+    except ParamsError as err:
+        raise ParamsError(f"{path}: {str(err).removeprefix('params.yaml: ')}") from None
+    return keys
+
+
+def exp_run_args(keys: dict[str, Any], raw: dict[str, Any]) -> list[str]:
+    """``dvc exp run`` with one ``-S section.key=value`` per recipe key (``+section.key`` for a key
+    params.yaml lacks, as Hydra requires; a list as ``[a,b]``, never a comma sweep)."""
+    args = ["exp", "run"]
+    for key, value in keys.items():
+        args += ["-S", set_param(key, [value], raw)]
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("recipe", type=Path, help="a params file, e.g. params/wmt14_en_de_base.yaml")
+    parser.add_argument("--check", action="store_true", help="check params.yaml with the recipe, run nothing")
+    parser.add_argument("--dry-run", action="store_true", help="print the dvc command, run nothing")
+    args = parser.parse_args(argv)
+    keys = check_recipe(args.recipe)
+    print(f"{PARAMS} with {args.recipe}: every section valid", flush=True)
+    if args.check:
+        return
+    command = [dvc_executable(), *exp_run_args(keys, read_params(PARAMS))]
+    print("$ dvc " + shlex.join(command[1:]), flush=True)
+    if not args.dry_run:
+        sys.exit(subprocess.run(command).returncode)
+
+
+if __name__ == "__main__":
+    from pipeline.stages.runner import run_stage
+
+    run_stage(main)

@@ -1,0 +1,45 @@
+"""The ``train`` section: the training hyper-parameters (§5), checked by the package's own
+``TrainConfig``; and fine-tuning's input files."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import create_model
+
+from pipeline.config.errors import ParamsError
+from pipeline.config.section import Section, dataclass_fields, package_message
+from pipeline.config.tokenizer import TokenizerParams
+from transformer.train_config import TrainConfig
+
+# Every TrainConfig field, typed and defaulted as the dataclass.
+_Keys = create_model("_Keys", __base__=Section, **dataclass_fields(TrainConfig))
+
+
+class TrainSection(_Keys):   # type: ignore[misc,valid-type]
+    SECTION = "train"
+
+    @classmethod
+    def load(cls, values: Mapping[str, Any]) -> TrainConfig:
+        """The keys' types checked here, their values by ``TrainConfig``, which the stage trains with."""
+        keys = cls.validate_section(values)
+        try:
+            return TrainConfig(**{name: getattr(keys, name) for name in cls.model_fields})
+        except ValueError as err:
+            raise ParamsError(package_message(err, TrainConfig, "train")) from None
+
+
+def check_init_files(train: TrainConfig, tokenizer: TokenizerParams, root: str | Path = ".") -> None:
+    """Fine-tuning's inputs exist, and come as a pair: initial weights only make sense with the
+    tokenizer they were trained with (their embedding rows are its pieces). Relative paths are
+    relative to the repository root (``root``), where params.yaml is and DVC runs the stages."""
+    root = Path(root)
+    for key, value in (("train.init_from", train.init_from), ("tokenizer.model_from", tokenizer.model_from)):
+        if value and not (root / value).is_file():
+            where = "" if Path(value).is_absolute() else f" in {root.resolve()}"
+            raise ParamsError(f"params.yaml: {key} {value} does not exist{where}")
+    if train.init_from and not tokenizer.model_from:
+        raise ParamsError(f"params.yaml: train.init_from is {train.init_from} but tokenizer.model_from is empty: "
+                          "initial weights need the tokenizer they were trained with (set tokenizer.model_from)")

@@ -1,0 +1,57 @@
+"""pipeline/config/section.py: a pydantic ValidationError as one line naming the key's dotted path."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.config.decoding_sections import TuneParams
+from pipeline.config.errors import ParamsError
+from pipeline.config.flows import FlowsParams
+from pipeline.config.section import dotted, package_message
+from transformer.config import ConfigError, ModelConfig
+from transformer.train_config import TrainConfig
+
+
+def test_dotted_paths_write_list_positions_in_brackets():
+    assert dotted("tune", ("alphas", 1)) == "tune.alphas[1]"
+    assert dotted("train", ("max_tokens",)) == "train.max_tokens"
+    assert dotted("data", ()) == "data"
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"alphas": [0.6, "x"]}, "tune.alphas[1] must be a number, got 'x'"),
+    ({"alphas": [0.6, -1]}, "tune.alphas[1] must be a number >= 0, got -1.0"),
+    ({"beam_sizes": [4, True]}, "tune.beam_sizes[1] must be an integer, got True"),   # a bool is no int
+    ({"stoppings": ["exact", "soon"]}, "tune.stoppings[1] must be one of exact, fairseq, got 'soon'"),
+    ({"stoppings": "exact"}, "tune.stoppings must be a list, got 'exact'"),
+    ({"max_sentences": 1.0}, "tune.max_sentences must be an integer, got 1.0"),
+    ({"beam_size": [4]}, "unknown key tune.beam_size (known: beam_sizes, alphas, stoppings, max_sentences)"),
+])
+def test_a_bad_value_is_one_line_naming_its_key(values, message):
+    with pytest.raises(ParamsError) as err:
+        TuneParams(**values)
+    assert str(err.value) == message
+
+
+def test_an_unknown_key_is_named_before_other_problems():
+    with pytest.raises(ParamsError, match="^unknown key tune.alpha "):
+        TuneParams(alpha=1, max_sentences="x")
+
+
+def test_ints_become_floats_nothing_else_is_coerced():
+    tune = TuneParams(alphas=[0, 1.5])
+    assert tune.alphas == [0.0, 1.5] and all(isinstance(a, float) for a in tune.alphas)
+    with pytest.raises(ParamsError, match="flows.significance must be a number, got '0.05'"):
+        FlowsParams(significance="0.05")
+
+
+def test_a_check_across_keys_names_them_itself():
+    with pytest.raises(ParamsError, match="^flows.bootstrap_resamples 10 is too few for significance 0.05"):
+        FlowsParams(bootstrap_resamples=10)
+
+
+def test_package_messages_name_params_keys():
+    err = ConfigError("ModelConfig.d_model (256) must be divisible by ModelConfig.n_heads (7)", "d_model", "n_heads")
+    assert package_message(err, ModelConfig, "model") == "model.d_model (256) must be divisible by model.n_heads (7)"
+    err2 = ValueError("TrainConfig.max_tokens must be a positive integer,\n got -5")
+    assert package_message(err2, TrainConfig, "train") == "train.max_tokens must be a positive integer, got -5"
