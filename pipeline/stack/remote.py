@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pipeline.stack.client_env import ENDPOINT_VAR, REMOTE_URL_VAR
 from pipeline.stack.processes import StackError
+from pipeline.stack.remote_check import remote_problem
 
 REMOTE_NAME = "team"
 FAILED_FILE = "ERROR: failed to transfer"
@@ -39,7 +40,15 @@ def configure_remote(repo: Path) -> str:
 def transfer(repo: Path, direction: str) -> None:
     """``dvc push --run-cache`` (data, models, reports and the stages' run-cache) or ``dvc pull`` to or
     from the default remote; a failure is one StackError naming the remote (nothing local is lost:
-    DVC's cache is only read by a push, and a pull writes a file only once it is complete)."""
+    DVC's cache is only read by a push, and a pull writes a file only once it is complete). The
+    store is asked first whether it lets this environment's keys in: a refusal (403) or a store
+    that does not answer stops it before DVC runs, said as such."""
+    name, url, endpoint, own_keys = default_remote(repo)
+    remote = describe(name, url, endpoint)
+    # Keys in DVC's own config (not the stack's way) are DVC's business; the check uses the environment's.
+    problem = remote_problem(url, endpoint) if url.startswith("s3://") and not own_keys else None
+    if problem:
+        raise StackError(f"dvc {direction} with remote {remote}: {problem}; nothing was transferred")
     argv = [dvc_program(), direction, *(["--run-cache"] if direction == "push" else [])]
     proc = subprocess.Popen(argv, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     failed, first_failure, last_error = 0, "", ""
@@ -54,18 +63,27 @@ def transfer(repo: Path, direction: str) -> None:
         print(line, end="", flush=True)
     if proc.wait() == 0:
         return
-    remote = remote_description(repo)
+    problem = remote_problem(url, endpoint) if url.startswith("s3://") and not own_keys else None
+    if problem and "unreachable" not in problem:   # the store answered, and refused: no retry helps
+        raise StackError(f"dvc {direction} with remote {remote} failed: {problem}")
     reason = f"{failed} file(s) not transferred, the first: {first_failure}" if failed else last_error
     fix = ("nothing local was lost; run it again once the remote answers" if direction == "push"
            else "files already pulled are complete; run it again once the remote answers")
     raise StackError(f"dvc {direction} with remote {remote} failed: {reason}. {fix}")
 
 
-def remote_description(repo: Path) -> str:
-    """``'name' (url at endpoint)`` of the default remote, as DVC's config has it."""
-    def config(key: str) -> str:
-        out = subprocess.run([dvc_program(), "config", key], cwd=repo, capture_output=True, text=True)
-        return out.stdout.strip()
-    name = config("core.remote") or "(none: run make stack-remote)"
-    url, endpoint = config(f"remote.{name}.url"), config(f"remote.{name}.endpointurl")
+def default_remote(repo: Path) -> tuple[str, str, str, bool]:
+    """The default remote's name, URL and endpoint as DVC's config has them (one ``dvc config -l``),
+    and whether that config holds keys of its own."""
+    out = subprocess.run([dvc_program(), "config", "-l"], cwd=repo, capture_output=True, text=True).stdout
+    config = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    name = config.get("core.remote", "")
+    if not name:
+        raise StackError("no default DVC remote: source the stack's env file and run make stack-remote")
+    return (name, config.get(f"remote.{name}.url", ""), config.get(f"remote.{name}.endpointurl", ""),
+            bool(config.get(f"remote.{name}.access_key_id")))
+
+
+def describe(name: str, url: str, endpoint: str) -> str:
     return f"{name!r} ({url}{' at ' + endpoint if endpoint else ''})"
+

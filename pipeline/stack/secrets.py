@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import secrets as random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from transformer.atomic import atomic_write
@@ -25,6 +25,13 @@ class StackSecrets:
     prefect_auth_password: str       # PREFECT_SERVER_API_AUTH_STRING is ``admin:<this>``
     s3_access_key: str
     s3_secret_key: str
+    # SeaweedFS's JWT signing keys (its security.toml ``[jwt.signing]`` and ``[jwt.filer_signing]``,
+    # each with a read key): the volume server takes writes and reads only with a token the master
+    # (or the filer, for the S3 gateway) signed; the filer's HTTP API likewise.
+    weed_volume_write_key: str
+    weed_volume_read_key: str
+    weed_filer_write_key: str
+    weed_filer_read_key: str
 
     @classmethod
     def generate(cls) -> StackSecrets:
@@ -32,7 +39,9 @@ class StackSecrets:
             mlflow_db_password=random.token_urlsafe(24), prefect_db_password=random.token_urlsafe(24),
             mlflow_admin_password=random.token_urlsafe(24), mlflow_flask_secret=random.token_hex(32),
             prefect_auth_password=random.token_urlsafe(24),
-            s3_access_key="team" + random.token_hex(8), s3_secret_key=random.token_urlsafe(30))
+            s3_access_key="team" + random.token_hex(8), s3_secret_key=random.token_urlsafe(30),
+            weed_volume_write_key=random.token_hex(32), weed_volume_read_key=random.token_hex(32),
+            weed_filer_write_key=random.token_hex(32), weed_filer_read_key=random.token_hex(32))
 
 
 def write_private(path: Path, text: str) -> None:
@@ -47,14 +56,27 @@ def write_private(path: Path, text: str) -> None:
     os.chmod(path, 0o600)
 
 
+def read(directory: Path) -> tuple[StackSecrets, bool]:
+    """The secrets kept in ``directory`` and whether the file holds them all, writing nothing: the
+    first start's secrets are generated here, and so are those a stack of an older version lacks
+    (its other secrets kept); ``save`` writes them once the start is sure to go ahead."""
+    path = directory / SECRETS_FILE
+    kept = json.loads(path.read_text()) if path.is_file() else {}
+    fresh = asdict(StackSecrets.generate())
+    names = [f.name for f in fields(StackSecrets)]
+    return StackSecrets(**{name: kept.get(name, fresh[name]) for name in names}), all(n in kept for n in names)
+
+
+def save(directory: Path, secrets: StackSecrets) -> None:
+    write_private(directory / SECRETS_FILE, json.dumps(asdict(secrets), indent=2) + "\n")
+
+
 def load_or_create(directory: Path) -> StackSecrets:
     """The secrets kept in ``directory``, generated (and written) on the first call."""
-    path = directory / SECRETS_FILE
-    if path.is_file():
-        return StackSecrets(**json.loads(path.read_text()))
-    created = StackSecrets.generate()
-    write_private(path, json.dumps(asdict(created), indent=2) + "\n")
-    return created
+    secrets, complete = read(directory)
+    if not complete:
+        save(directory, secrets)
+    return secrets
 
 
 def write_pgpass(directory: Path, host: str, port: int, secrets: StackSecrets) -> Path:

@@ -7,6 +7,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.stack.groups import listening_ports, read_record, tagged_members
 from pipeline.stack.processes import recorded_pid, stop_pid
 from pipeline.stack.secrets import StackSecrets
 from pipeline.stack.settings import StackSettings
@@ -51,12 +52,27 @@ class Service(ABC):
     def address(self) -> str:
         return f"{self.settings.host}:{self.settings.port(self.port_names[0])}"
 
+    def leftovers(self) -> list[int]:
+        """Processes of the service's recorded group still running after its leader died (a crash,
+        ``kill -9``): uvicorn's workers keep the MLflow port, for one."""
+        record = read_record(self.pid_file)
+        if record is None or self.pid() is not None:
+            return []
+        return tagged_members(record.pid, record.tag)
+
+    def leftover_ports(self) -> list[int]:
+        return listening_ports(self.leftovers())
+
     def stop(self) -> bool:
-        """Stop by the recorded PID and wait until it (and its children) have exited; False if not running."""
+        """Stop by the recorded PID and wait until it (and its children) have exited, or end the
+        leftovers of its group; False if nothing of it was running."""
         pid = self.pid()
-        if pid is None:
-            self.pid_file.unlink(missing_ok=True)
-            return False
-        stop_pid(pid, self.stop_signal, group=self.stop_group)
+        if pid is not None:
+            stop_pid(pid, self.stop_signal, group=self.stop_group)
+        record = read_record(self.pid_file)
+        # The leader gone (now, or in a crash), what is left of its group gets the signal as a group.
+        stray = tagged_members(record.pid, record.tag) if record is not None else []
+        if stray:
+            stop_pid(record.pid, signal.SIGTERM, timeout_s=15.0, group=True)
         self.pid_file.unlink(missing_ok=True)
-        return True
+        return pid is not None or bool(stray)

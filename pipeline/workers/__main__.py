@@ -55,10 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     deploy.add_argument("--results-branch", default=None,
                         help="branch the workers push dvc.lock to (default: retraining/results)")
     deploy.add_argument("--paused", action="store_true", help="create it with its schedule paused")
+    deploy.add_argument("--allow-uncommitted", action="store_true",
+                        help="deploy although dvc.yaml, dvc.lock, params.yaml or a stage's code differ in the "
+                             "working tree from the pinned commit (a warning instead of a refusal)")
     deploy.add_argument("--params", type=Path, default=Path("params.yaml"), help="params file (flows section)")
     args = parser.parse_args(argv)
 
     from pipeline.config.params import ParamsError, load_params
+    from pipeline.workers.deploy import WorkingTreeError, check_working_tree
     from pipeline.workers.deploy import deploy as deploy_flow
     from pipeline.workers.flow import DEFAULT_BRANCH
     from pipeline.workers.results import ResultsError
@@ -68,9 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         flows = load_params(args.params).flows
         commit = resolve_commit(args.commit)
         check_pushed(args.repository, commit)
+        warning = check_working_tree(commit, args.allow_uncommitted)
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
         deployed = deploy_flow(args.repository, commit, args.pool, flows,
                                results_branch=args.results_branch or DEFAULT_BRANCH, paused=args.paused)
-    except (ParamsError, DeployError, WorkspaceError, ResultsError) as err:
+    except (ParamsError, DeployError, WorkspaceError, ResultsError, WorkingTreeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"deployment {deployed.name} ({deployed.deployment_id}) in pool {deployed.pool!r}: commit {commit}, "

@@ -17,10 +17,12 @@ Prefect's answer is heartbeats: every flow run of this deployment sends one ever
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 from uuid import UUID
 
-from pipeline.config.params import FlowsParams
+from pipeline.config.flows import FlowsParams
 from pipeline.workers.workspace import pull_steps
 
 ENTRYPOINT = "pipeline/workers/flow.py:team_retraining"
@@ -28,6 +30,55 @@ HEARTBEAT_S = 30          # Prefect's minimum
 HEARTBEAT_GRACE_S = 45
 FLOW_NAME = "team-retraining"
 POOL_TYPE = "process"
+
+
+# What decides what the workers run, besides the stages' code: compared with the pinned commit.
+PIPELINE_FILES = ("dvc.yaml", "dvc.lock", "params.yaml")
+
+
+class WorkingTreeError(ValueError):
+    """The working tree differs from the pinned commit in what the workers would run."""
+
+
+def pipeline_paths(dvc_yaml: Path) -> list[str]:
+    """dvc.yaml, dvc.lock, params.yaml, the params files stages read and every stage's deps (git
+    pathspecs: DVC-tracked data in them is git-ignored, so only code and ``.dvc`` files count)."""
+    import yaml
+
+    paths = set(PIPELINE_FILES)
+    stages = (yaml.safe_load(dvc_yaml.read_text()) or {}).get("stages", {}) if dvc_yaml.is_file() else {}
+    for stage in stages.values():
+        paths.update(dep for dep in stage.get("deps", []) if isinstance(dep, str))
+        paths.update(f for entry in stage.get("params", []) if isinstance(entry, dict) for f in entry)
+    return sorted(paths)
+
+
+def uncommitted_changes(commit: str, repo: Path = Path(".")) -> list[str]:
+    """Files of ``pipeline_paths`` that differ in the working tree (staged or not) from ``commit``,
+    or are new and untracked: what a worker, which checks out ``commit``, would not see."""
+    paths = pipeline_paths(repo / "dvc.yaml")
+
+    def git(*args: str) -> list[str]:
+        proc = subprocess.run(["git", *args, "--", *paths], cwd=repo, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise WorkingTreeError(f"git {args[0]} failed: {proc.stderr.strip()}")
+        return [line for line in proc.stdout.splitlines() if line]
+
+    return sorted(set(git("diff", "--name-only", commit)) | set(git("ls-files", "--others", "--exclude-standard")))
+
+
+def check_working_tree(commit: str, insist: bool, repo: Path = Path(".")) -> str | None:
+    """Refuse (WorkingTreeError) when the working tree differs from ``commit`` in what the workers run;
+    with ``insist``, return the warning instead."""
+    changed = uncommitted_changes(commit, repo)
+    if not changed:
+        return None
+    shown = ", ".join(changed[:8]) + (f" and {len(changed) - 8} more" if len(changed) > 8 else "")
+    what = (f"the working tree differs from the pinned commit {commit[:12]} in {shown}: the workers run the "
+            "commit, not these changes")
+    if not insist:
+        raise WorkingTreeError(f"{what}; commit and push them first (or deploy anyway with --allow-uncommitted)")
+    return f"warning: {what} (deploying anyway: --allow-uncommitted)"
 
 
 @dataclass(frozen=True)

@@ -5,26 +5,24 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import stat
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import boto3
 from mlflow.tracking import MlflowClient
 
-from pipeline.stack.processes import pid_alive, port_taken
+from pipeline.stack.processes import pid_alive, port_taken, read_pid
 from pipeline.stack.settings import PORT_OFFSETS, StackSettings
 
-from .conftest import Stack, free_port_base, server_client, stack_cli_env
+from .conftest import Stack, server_client, stack_cli_env
 
 SERVICES = ("postgres", "s3", "mlflow", "prefect")
 
 
 def recorded_pids(stack: Stack) -> dict[str, int]:
-    return {name: int((stack.directory / "run" / f"{name}.pid").read_text()) for name in SERVICES}
+    return {name: read_pid(stack.directory / "run" / f"{name}.pid") for name in SERVICES}
 
 
 def mlflow_client(stack: Stack, monkeypatch) -> MlflowClient:
@@ -51,8 +49,8 @@ def test_a_second_start_is_a_no_op_that_says_so(stack):
 def test_secrets_are_generated_private_and_on_no_command_line(stack):
     secret_dir = stack.directory / "secrets"
     assert stat.S_IMODE(secret_dir.stat().st_mode) == 0o700
-    for path in (stack.directory / "env", *secret_dir.iterdir()):
-        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    for path in (stack.directory / "env", *secret_dir.rglob("*")):   # weed-tls/: the store's gRPC certificates
+        assert stat.S_IMODE(path.stat().st_mode) == (0o700 if path.is_dir() else 0o600), path
     secrets = json.loads((secret_dir / "secrets.json").read_text())
     assert len(set(secrets.values())) == len(secrets) and min(map(len, secrets.values())) >= 20
     env_text = (stack.directory / "env").read_text()
@@ -77,25 +75,6 @@ def test_wrong_mlflow_credentials_are_refused(stack, monkeypatch):
         assert "401" in str(err) or "Unauthorized" in str(err) or "credentials" in str(err).lower()
     else:
         raise AssertionError("the server accepted a wrong password")
-
-
-def test_a_taken_port_stops_the_start_before_anything_runs():
-    base = free_port_base()
-    held = base + PORT_OFFSETS["weed.filer.grpc"]   # an internal port weed would quietly move
-    directory = Path(tempfile.mkdtemp(prefix="stack-test-taken-"))
-    os.chmod(directory, 0o755)
-    with socket.socket() as blocker:
-        blocker.bind(("127.0.0.1", held))
-        blocker.listen()
-        stack = Stack(directory / "stack", base)
-        result = subprocess.run([sys.executable, "-m", "pipeline.stack", "start", "--dir", str(stack.directory),
-                                 "--port-base", str(base)], env=stack_cli_env(), capture_output=True, text=True,
-                                cwd=tempfile.gettempdir(), timeout=120)
-    assert result.returncode == 2
-    assert f"{held} (weed.filer.grpc)" in result.stderr and "nothing was started" in result.stderr
-    assert result.stderr.count("\n") == 1   # one message, no traceback
-    assert not port_taken("127.0.0.1", base)   # PostgreSQL did not start
-    assert not (stack.directory / "run").exists()
 
 
 def test_stop_waits_for_every_process_and_a_restart_keeps_the_data(stack, monkeypatch):
