@@ -244,37 +244,25 @@ def translate_with_version(client: MlflowClient, name: str, version: str, source
                            ) -> tuple[dict[str, list[str]], dict[str, Any]]:
     """Translate each set's sources with a registered model version (its own checkpoint and
     tokenizer, the pyfunc model's artifacts). ``beam_size`` / ``alpha`` None: the version's own
-    registered settings (what its evaluate stage chose), as its stopping rule always is (versions
-    registered before there was a choice stop by the exact rule they were scored with). Returns the
-    translations by set and the beam size, alpha and stopping rule used."""
-    from pipeline.serving.decoding import DecodingConfig
+    registered settings (what its evaluate stage chose, ``pipeline.serving.registered``), as its
+    stopping rule always is (versions registered before there was a choice stop by the exact rule
+    they were scored with); ``max_len_b``, ``batch_sentences`` and ``precision`` are the caller's,
+    as the challenger's. Returns the translations by set and the tuned settings used (``TUNED``)."""
+    from pipeline.serving.decoding import TUNED
+    from pipeline.serving.registered import SettingsNotRecorded, mlmodel_settings
     from pipeline.serving.translator import load_translator
 
     with tempfile.TemporaryDirectory(prefix="champion-") as tmp:
         files = version_files(client, name, version, Path(tmp), tracking_uri)
-        own = registered_decoding(files["MLmodel"])
-        settings = {"beam_size": beam_size if beam_size is not None else own.get("beam_size"),
-                    "alpha": alpha if alpha is not None else own.get("alpha")}
-        if None in settings.values():
-            raise GateError(f"{name} version {version} records no decoding settings (beam_size, alpha) in its "
-                            "signature: not a model logged by the evaluate stage")
-        settings["stopping"] = own.get("stopping", "exact")
-        translator = load_translator(files["model"], files["tokenizer"], DecodingConfig(
-            int(settings["beam_size"]), float(settings["alpha"]), max_len_b, batch_sentences, precision,
-            settings["stopping"]))
-        return {name_: translator.translate(list(lines)) for name_, lines in sources.items()}, settings
-
-
-def registered_decoding(mlmodel: Path) -> dict[str, Any]:
-    """The decoding settings a version was registered with: the defaults of its signature's
-    params (``beam_size``, ``alpha``; ``pipeline.serving.mlflow_model.log_translator`` writes them)."""
-    from mlflow.models.signature import ModelSignature
-
-    signature = (yaml.safe_load(mlmodel.read_text()) or {}).get("signature")
-    if not signature or not signature.get("params"):
-        return {}
-    params = ModelSignature.from_dict(signature).params
-    return {p.name: p.default for p in params.params if p.name in ("beam_size", "alpha", "stopping")} if params else {}
+        try:
+            own = mlmodel_settings(files["MLmodel"])
+        except SettingsNotRecorded as err:
+            raise GateError(f"{name} version {version} {err}") from None
+        decoding = own.replace(beam_size=beam_size, alpha=alpha, max_len_b=max_len_b,
+                               batch_sentences=batch_sentences, precision=precision)
+        translator = load_translator(files["model"], files["tokenizer"], decoding)
+        return ({name_: translator.translate(list(lines)) for name_, lines in sources.items()},
+                {key: getattr(decoding, key) for key in TUNED})
 
 
 def version_files(client: MlflowClient, name: str, version: str, dst: Path,

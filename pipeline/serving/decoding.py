@@ -1,45 +1,95 @@
-"""How a translator decodes (§6.1): beam size, length penalty, output length limit, batch and
-precision. The one place these settings have defaults and are checked; ``pipeline.config.params``
-checks the ``evaluate`` section through it, the translator and the MLflow model take it as is.
+"""How a translator decodes (§6.1): beam size, length penalty, output length limit, batch,
+precision and stopping rule. The one place these settings are defined: each setting's default, its
+limits (for configuration and, stricter, for one request), whether the tune stage chooses it on the
+validation set and whether a request may set it, and the checks.
+
+Used by ``pipeline.config.params`` (the ``evaluate`` and ``tune`` sections), the translator, the
+pyfunc model's request params and the server (``request_settings``), the translate command (its
+options), and the registered versions' settings (``pipeline.serving.registered``). Adding a
+setting is adding a field to ``DecodingConfig`` with its ``Rule``. Light: no torch, no MLflow
+(configuration imports it).
 """
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
+
+import yaml
+
+from pipeline.config.errors import ParamsError, TuneReportMissing
 
 PRECISIONS = ("fp32", "bf16")
 # When beam search stops a sentence (``transformer.search.beam_search``): "exact", once no live
 # hypothesis can beat the beam_size finished ones (the result of searching to the length limit);
 # "fairseq", once beam_size hypotheses have finished (cheaper; can miss a longer, better one).
 STOPPING = ("exact", "fairseq")
+MAX_BEAM = 16              # a request's beam: decoding cost grows with it; the paper uses 4 (§6.1)
+ALPHA_RANGE = (0.0, 10.0)  # a request's length penalty alpha (GNMT's is in [0, 1]; tune's grid reaches 2.5)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What one decoding setting may be and who sets it.
+
+    ``kind``: ``int`` (a positive integer), ``float`` (a number >= 0) or ``str`` (one of ``choices``).
+    ``tuned``: the tune stage chooses it on the validation set; evaluate's null follows that choice.
+    ``request``: a request's ``params`` may set it, within ``request_range`` (inclusive) or ``choices``.
+    ``legacy``: what a registered version that records none of it decoded with (None: the default).
+    """
+
+    kind: type
+    help: str
+    choices: tuple[str, ...] = ()
+    tuned: bool = False
+    request: bool = False
+    request_range: tuple[float, float] | None = None
+    legacy: Any = None
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` is not a valid setting ("must be ..., got ..."), or None."""
+        if self.kind is int and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            return f"must be a positive integer, got {value!r}"
+        # ``not >= 0`` also refuses NaN
+        if self.kind is float and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0):
+            return f"must be a number >= 0, got {value!r}"
+        if self.kind is str and value not in self.choices:
+            return f"must be one of {', '.join(self.choices)}, got {value!r}"
+        return None
+
+
+def _setting(default: Any, rule: Rule) -> Any:
+    return field(default=default, metadata={"rule": rule})
 
 
 @dataclass(frozen=True)
 class DecodingConfig:
     """The paper's defaults (§6.1: beam 4, length penalty alpha 0.6, output up to source length
-    + 50). (``pipeline.config.params.Decoding`` is another thing: the beam size and alpha the evaluate
+    + 50). (``Decoding`` below is another thing: the beam size, alpha and stopping rule the evaluate
     stage chose, and where each came from.)"""
 
-    beam_size: int = 4
-    alpha: float = 0.6
-    max_len_b: int = 50
-    batch_sentences: int = 64
-    precision: str = "fp32"
-    stopping: str = "exact"
+    beam_size: int = _setting(4, Rule(int, "1 = greedy", tuned=True, request=True, request_range=(1, MAX_BEAM)))
+    alpha: float = _setting(0.6, Rule(float, "length penalty alpha", tuned=True, request=True,
+                                      request_range=ALPHA_RANGE))
+    max_len_b: int = _setting(50, Rule(int, "output length limit: source length + this"))
+    batch_sentences: int = _setting(64, Rule(int, "sentences decoded together"))
+    precision: str = _setting("fp32", Rule(str, "decoding precision (bf16: faster on CPUs with AVX512-BF16/AMX "
+                                                "and on GPUs)", choices=PRECISIONS))
+    # Versions registered before the rule was a setting were searched, and scored, exactly.
+    stopping: str = _setting("exact", Rule(str, "when beam search stops a sentence: exact (no live hypothesis can "
+                                                "beat the finished ones) or fairseq (beam-size hypotheses "
+                                                "finished; sooner)", choices=STOPPING, tuned=True, request=True,
+                                           legacy="exact"))
 
     def __post_init__(self) -> None:
-        for name in ("beam_size", "max_len_b", "batch_sentences"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"DecodingConfig.{name} must be a positive integer, got {value!r}")
-        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or self.alpha < 0:
-            raise ValueError(f"DecodingConfig.alpha must be a number >= 0, got {self.alpha!r}")
-        if self.stopping not in STOPPING:
-            raise ValueError(f"DecodingConfig.stopping must be one of {', '.join(STOPPING)}, got {self.stopping!r}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"DecodingConfig.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        for name, rule in RULES.items():
+            problem = rule.problem(getattr(self, name))
+            if problem:
+                raise ValueError(f"DecodingConfig.{name} {problem}")
 
     @classmethod
     def of(cls, settings: Any) -> DecodingConfig:
@@ -54,3 +104,122 @@ class DecodingConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def per_request(self) -> dict[str, Any]:
+        """The settings a request may set (``REQUEST``), by name: the keyword arguments of
+        ``Translator.translate_ids`` and the params of a registered version's signature."""
+        return {name: getattr(self, name) for name in REQUEST}
+
+
+RULES: dict[str, Rule] = {f.name: f.metadata["rule"] for f in fields(DecodingConfig)}
+TUNED = tuple(name for name, rule in RULES.items() if rule.tuned)        # beam_size, alpha, stopping
+REQUEST = tuple(name for name, rule in RULES.items() if rule.request)    # what a request's params may set
+LEGACY = {name: rule.legacy for name, rule in RULES.items() if rule.legacy is not None}
+
+
+def typed(name: str, value: Any) -> Any:
+    """``value`` as its setting's type where that is exact: an integer alpha as a float (YAML and
+    JSON write 1.0 as 1), so that settings read back compare and print as they were written."""
+    if RULES[name].kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+# ----------------------------------------------------------------------------- one request's settings
+
+
+class RequestError(ValueError):
+    """A request's ``params`` are not settings it may decode with; the message is the answer (400)."""
+
+
+def _describe(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}"[:80]
+
+
+def _request_value(name: str, value: Any) -> Any:
+    """``value`` of a request's param ``name``, parsed (JSON clients send 4.0 or "4") and checked
+    against the request's limits."""
+    rule = RULES[name]
+    if rule.kind in (int, float):
+        number: Any = None
+        if not isinstance(value, bool):
+            try:
+                number = float(value) if isinstance(value, (int, float, str)) else None
+            except ValueError:
+                number = None
+        if number is None or not math.isfinite(number) or (rule.kind is int and not number.is_integer()):
+            article = "an integer" if rule.kind is int else "a number"
+            raise RequestError(f"params: {name} must be {article}, got {_describe(value)}")
+        number = int(number) if rule.kind is int else number
+        low, high = rule.request_range or (0, math.inf)
+        if not low <= number <= high:
+            raise RequestError(f"params: {name} must be between {low:g} and {high:g}, got {number}")
+        return number
+    if value not in rule.choices:
+        raise RequestError(f"params: {name} must be one of {', '.join(rule.choices)}, got {_describe(value)}")
+    return value
+
+
+def request_settings(defaults: DecodingConfig, params: Mapping[str, Any] | None) -> DecodingConfig:
+    """What one request decodes with: ``defaults`` (the served version's) with the ``REQUEST``
+    settings its ``params`` give, each checked against the request's limits (``RequestError``).
+    Other keys are ignored, as MLflow's scoring server ignores params its signature lacks."""
+    params = params or {}
+    return defaults.replace(**{name: _request_value(name, params[name]) for name in REQUEST
+                               if params.get(name) is not None})
+
+
+# ----------------------------------------------------------------------------- the tune stage's choice
+
+TUNE_REPORT = Path("reports/tune.json")   # the tune stage's choice (relative to the repository root)
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """The ``TUNED`` settings the evaluate stage (and the model it registers) decode with, and where
+    each came from: ``params`` (set in evaluate) or ``tune`` (null there: the tune stage's choice on
+    the validation set). Read as attributes: ``beam_size``, ``beam_size_from``, ..."""
+
+    settings: Mapping[str, Any]
+    sources: Mapping[str, str]
+
+    def __getattr__(self, name: str) -> Any:   # only names that are not fields get here
+        key = name.removesuffix("_from")
+        if key not in TUNED:
+            raise AttributeError(f"Decoding has no {name!r} (settings: {', '.join(TUNED)}, and each's _from)")
+        return (self.sources if name.endswith("_from") else self.settings)[key]
+
+    def as_dict(self) -> dict[str, Any]:
+        """``{"beam_size": 4, ..., "beam_size_from": "tune", ...}``"""
+        return {**{k: self.settings[k] for k in TUNED}, **{f"{k}_from": self.sources[k] for k in TUNED}}
+
+    def applied_to(self, config: DecodingConfig) -> DecodingConfig:
+        """``config`` with these settings."""
+        return config.replace(**{k: self.settings[k] for k in TUNED})
+
+
+def decoding_settings(evaluate: Any, tune_report: str | os.PathLike = TUNE_REPORT) -> Decoding:
+    """``evaluate``'s (``params.evaluate``: a mapping or an object) ``TUNED`` settings where set,
+    the tune stage's choice (``tune_report``, read only when one of them is null) for the others.
+
+    Raises ``TuneReportMissing`` when the report is needed and absent, ``ParamsError`` when it holds
+    no valid choice."""
+    get = evaluate.get if isinstance(evaluate, Mapping) else lambda k: getattr(evaluate, k, None)
+    given = {key: get(key) for key in TUNED}
+    missing = " and ".join(f"evaluate.{k}" for k, v in given.items() if v is None)
+    chosen: dict[str, Any] = {}
+    if missing:
+        path = Path(tune_report)
+        if not path.is_file():
+            raise TuneReportMissing(f"{path} does not exist: {missing} null means the tune stage's choice; run it "
+                                    f"(dvc repro) or set {missing} in params.yaml")
+        try:
+            report = yaml.safe_load(path.read_text())["chosen"]   # JSON is YAML
+            chosen = {key: typed(key, report[key]) for key in TUNED}
+            DecodingConfig(**chosen)   # checked as the settings they become
+        except (yaml.YAMLError, TypeError, KeyError, ValueError) as err:
+            reason = " ".join(str(err).split())   # one line (YAML's messages quote the text over several)
+            raise ParamsError(f"{path} holds no valid choice ({type(err).__name__}: {reason}): rerun the tune stage "
+                              "(dvc repro tune)") from None
+    return Decoding({key: chosen[key] if given[key] is None else given[key] for key in TUNED},
+                    {key: "tune" if given[key] is None else "params" for key in TUNED})

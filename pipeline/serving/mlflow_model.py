@@ -4,13 +4,15 @@ Logged with the averaged checkpoint and the SentencePiece model as artifacts and
 ``transformer`` and ``pipeline`` packages as code, so ``mlflow.pyfunc.load_model`` (and
 ``mlflow models serve``) needs nothing from this repository. The decoding settings the
 evaluate stage scored with travel in the model's ``model_config`` (and as the defaults of the
-signature's params); a request may override ``beam_size``, ``alpha`` and ``stopping``.
+signature's params; both written and read by ``pipeline.serving.registered``); a request may
+override the ones ``pipeline.serving.decoding.REQUEST`` names (beam size, alpha, stopping rule).
 
 ``predict`` checks its input before decoding anything, and a bad request is an
 ``MlflowException`` with ``INVALID_PARAMETER_VALUE`` (the scoring server answers 400 with the
 message and keeps serving): an empty or non-string text, a text over ``MAX_CHARS`` characters
 or over the model's source positions in pieces, more than ``MAX_SENTENCES`` sentences in one
-request, a beam size outside 1..``MAX_BEAM``, a negative alpha or an unknown stopping rule.
+request, or params outside a request's limits (``pipeline.serving.decoding.request_settings``:
+a beam size outside 1..16, an alpha outside 0..10, an unknown stopping rule).
 """
 
 from __future__ import annotations
@@ -18,17 +20,19 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlflow
 import pandas as pd
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
+if TYPE_CHECKING:
+    from pipeline.serving.decoding import DecodingConfig
+
 PIP_REQUIREMENTS_OF = ("torch", "numpy", "sentencepiece", "pandas", "mlflow")
 MAX_CHARS = 1000        # characters per sentence: refused before tokenizing (Multi30k's longest is ~300)
 MAX_SENTENCES = 256     # sentences per request: one request must not hold the server for minutes
-MAX_BEAM = 16           # decoding cost grows with the beam; the paper uses 4 (§6.1)
 
 
 def invalid(message: str) -> MlflowException:
@@ -69,12 +73,16 @@ class TranslatorModel(mlflow.pyfunc.PythonModel):
 
     def load_context(self, context: Any) -> None:
         from pipeline.serving.decoding import DecodingConfig
+        from pipeline.serving.registered import SettingsNotRecorded, registered_settings
         from pipeline.serving.translator import load_translator
 
-        config = getattr(context, "model_config", None) or {}
-        # Models logged before model_config carried the settings decode with the paper's (§6.1).
-        self.translator = load_translator(context.artifacts["model"], context.artifacts["tokenizer"],
-                                          DecodingConfig.of(config.get("decoding", {})))
+        try:
+            decoding = registered_settings(getattr(context, "model_config", None))
+        except SettingsNotRecorded:
+            # Logged before model_config carried the settings: MLflow's scoring server fills each
+            # request's params with the signature's defaults; the rest are the paper's (§6.1).
+            decoding = DecodingConfig()
+        self.translator = load_translator(context.artifacts["model"], context.artifacts["tokenizer"], decoding)
 
     def check(self, sentences: list[str]) -> list[list[int]]:
         """The pieces of each sentence; ``invalid`` for an empty or over-long one, or too many."""
@@ -96,32 +104,23 @@ class TranslatorModel(mlflow.pyfunc.PythonModel):
                               "(one sentence per input)")
         return ids
 
-    def decoding(self, params: Mapping[str, Any] | None) -> tuple[int, float, str]:
-        """The request's beam size, alpha and stopping rule (the model's own where not given), checked."""
-        from pipeline.serving.decoding import STOPPING
+    def decoding(self, params: Mapping[str, Any] | None) -> DecodingConfig:
+        """The settings this request decodes with: the model's own, and what its ``params`` set,
+        checked against a request's limits (``invalid`` otherwise)."""
+        from pipeline.serving.decoding import RequestError, request_settings
 
-        params = params or {}
         try:
-            beam_size = int(params.get("beam_size", self.translator.decoding.beam_size))
-            alpha = float(params.get("alpha", self.translator.decoding.alpha))
-        except (TypeError, ValueError) as err:
-            raise invalid(f"params: beam_size must be an integer and alpha a number ({err})") from None
-        stopping = params.get("stopping", self.translator.decoding.stopping)
-        if not 1 <= beam_size <= MAX_BEAM:
-            raise invalid(f"params: beam_size must be between 1 and {MAX_BEAM}, got {beam_size}")
-        if not 0 <= alpha <= 10:
-            raise invalid(f"params: alpha must be between 0 and 10, got {alpha}")
-        if stopping not in STOPPING:
-            raise invalid(f"params: stopping must be one of {', '.join(STOPPING)}, got {_describe(stopping)}")
-        return beam_size, alpha, stopping
+            return request_settings(self.translator.decoding, params)
+        except RequestError as err:
+            raise invalid(str(err)) from None
 
     def predict(self, context, model_input, params=None):  # noqa: ANN001, ANN201 (MLflow reads type hints as a schema)
         """model_input: a DataFrame with a ``text`` column (or one column), a list of str, or a str.
         Returns the translations, one str per input, in order. The translator is shared by the
         server's concurrent requests, so a request's settings are arguments, never its state."""
         ids = self.check(sentences_of(model_input))
-        beam_size, alpha, stopping = self.decoding(params)
-        return self.translator.tokenizer.decode(self.translator.translate_ids(ids, beam_size, alpha, stopping))
+        settings = self.decoding(params)
+        return self.translator.tokenizer.decode(self.translator.translate_ids(ids, **settings.per_request()))
 
 
 def _pins() -> list[str]:
@@ -130,11 +129,12 @@ def _pins() -> list[str]:
     return [f"{name}=={version(name).split('+')[0]}" for name in PIP_REQUIREMENTS_OF]
 
 
-def _run_decoding(run_id: str, beam_size: int, alpha: float, stopping: str) -> dict[str, Any]:
-    """The decoding settings to register: beam size, alpha and stopping rule as chosen, the rest from
-    the run's ``evaluate.*`` params (the paper's defaults where the run has none), and where each came
-    from (the evaluate stage's ``decoding.*_from`` tags)."""
-    from pipeline.serving.decoding import DecodingConfig
+def _run_decoding(run_id: str, chosen: Mapping[str, Any]) -> tuple[DecodingConfig, dict[str, str]]:
+    """The decoding settings to register: the tuned ones (``TUNED``) as ``chosen``, the rest from
+    the run's ``evaluate.*`` params (the paper's defaults where the run has none); and where each
+    tuned one came from (``chosen``'s ``<key>_from``, else the evaluate stage's ``decoding.<key>_from``
+    tags, else ``params``)."""
+    from pipeline.serving.decoding import TUNED, DecodingConfig
     from pipeline.tracking.store import client
 
     run = client().get_run(run_id)
@@ -146,41 +146,44 @@ def _run_decoding(run_id: str, beam_size: int, alpha: float, stopping: str) -> d
             parsed[key] = json.loads(value)
         except ValueError:
             parsed[key] = value    # a plain string (precision: fp32)
-    decoding = DecodingConfig.of({**parsed, "beam_size": int(beam_size), "alpha": float(alpha),
-                                  "stopping": stopping}).to_dict()
-    for key in ("beam_size", "alpha", "stopping"):
-        decoding[f"{key}_from"] = t.get(f"decoding.{key}_from", "params")
-    return decoding
+    decoding = DecodingConfig.of({**parsed, **{k: chosen[k] for k in TUNED if chosen.get(k) is not None}})
+    sources = {k: chosen.get(f"{k}_from") or t.get(f"decoding.{k}_from", "params") for k in TUNED}
+    return decoding, sources
 
 
 def log_translator(run_id: str, model_file: Path, tokenizer_file: Path, registered_name: str,
-                   beam_size: int, alpha: float, stopping: str = "exact", *, metrics_file: Path | None = None,
+                   chosen: Mapping[str, Any], *, metrics_file: Path | None = None,
                    corpus_stats_file: Path | None = None) -> str | None:
     """Log the pyfunc model into ``run_id``, register it and write its model card (description
     and tags, ``pipeline.tracking.describe_version``); returns the new registry version.
 
-    ``metrics_file`` (default ``reports/metrics.json``) holds the test scores and signatures,
-    ``corpus_stats_file`` (default ``data/corpus/stats.json``) the data cleaning counts.
+    ``chosen``: the tuned settings the evaluate stage decoded with (``Decoding.as_dict()``: beam
+    size, alpha, stopping rule and, optionally, where each came from); the other settings are the
+    run's ``evaluate.*`` params. ``metrics_file`` (default ``reports/metrics.json``) holds the test
+    scores and signatures, ``corpus_stats_file`` (default ``data/corpus/stats.json``) the data
+    cleaning counts.
     """
     from mlflow.models import infer_signature
 
     import pipeline
     import transformer
     from pipeline.config import paths
+    from pipeline.serving.registered import to_register
     from pipeline.tracking import model_card, store
     from transformer.checkpoint import load_checkpoint
 
-    decoding = _run_decoding(run_id, beam_size, alpha, stopping)
+    settings, sources = _run_decoding(run_id, chosen)
+    model_config, defaults = to_register(settings)   # one DecodingConfig: the two always agree
+    decoding = {**model_config["decoding"], **{f"{k}_from": v for k, v in sources.items()}}
     example = pd.DataFrame({"text": ["A man is walking."]})
-    signature = infer_signature(example, ["Ein Mann geht."],
-                                params={"beam_size": int(beam_size), "alpha": float(alpha), "stopping": stopping})
+    signature = infer_signature(example, ["Ein Mann geht."], params=defaults)
     with mlflow.start_run(run_id=run_id):
         info = mlflow.pyfunc.log_model(
             name="translator", python_model=TranslatorModel(),
             artifacts={"model": str(model_file), "tokenizer": str(tokenizer_file)},
             code_paths=[str(Path(transformer.__file__).parent), str(Path(pipeline.__file__).parent)],
             pip_requirements=_pins(), signature=signature, input_example=example,
-            model_config={"decoding": {k: v for k, v in decoding.items() if not k.endswith("_from")}},
+            model_config=model_config,
             registered_model_name=registered_name,
         )
     if info.registered_model_version is None:

@@ -29,7 +29,9 @@ from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from pipeline.config.params import PARAMS_FILE, ParamsError, load_params
+from pipeline.config.errors import ParamsError
+from pipeline.config.loader import PARAMS
+from pipeline.config.params import load_params
 from pipeline.tracking import store
 
 HOST = "127.0.0.1"
@@ -76,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dry-run", action="store_true", help="print the command and exit")
     args = parser.parse_args(argv)
     try:
-        name = args.name or (load_params(PARAMS_FILE).tracking.registered_model if Path(PARAMS_FILE).is_file()
+        name = args.name or (load_params(PARAMS).tracking.registered_model if Path(PARAMS).is_file()
                              else "transformer")
         client = store.client()
         if args.version:

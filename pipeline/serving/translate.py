@@ -5,9 +5,10 @@
 
 Decoding settings default to what the test scores used: params.yaml's ``evaluate`` section, with
 the tune stage's choice on the validation set (``reports/tune.json``) for a beam size, alpha or
-stopping rule left null there; the paper's (§6.1) where neither says. Input is UTF-8 (a leading byte-order mark
-is dropped); a line that is not valid UTF-8 is an error naming its line number, and nothing is
-written.
+stopping rule left null there; the paper's (§6.1) where neither says: with a warning while the tune
+stage has not run; a tune report that holds no valid choice is an error (never silently the
+paper's). Input is UTF-8 (a leading byte-order mark is dropped); a line that is not valid UTF-8 is
+an error naming its line number, and nothing is written.
 """
 
 from __future__ import annotations
@@ -19,18 +20,23 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import paths
-from pipeline.config.params import PARAMS_FILE, TUNE_REPORT, TUNED, ParamsError, decoding_settings, load_params
-from pipeline.serving.decoding import STOPPING, DecodingConfig
+from pipeline.config.errors import ParamsError, TuneReportMissing
+from pipeline.config.loader import PARAMS
+from pipeline.config.params import load_params
+from pipeline.serving.decoding import RULES, TUNE_REPORT, TUNED, DecodingConfig, decoding_settings
 from pipeline.serving.translator import load_translator
 from transformer.checkpoint import CheckpointError
 
 PAPER = "§6.1"
+NO_REPORT = f"the paper ({PAPER}): no tune report yet"   # the source of a null setting before tune ran
 
 
-def decoding_defaults(params_file: Path) -> tuple[dict[str, Any], dict[str, str]]:
+def decoding_defaults(params_file: Path, tune_report: Path = TUNE_REPORT) -> tuple[dict[str, Any], dict[str, str]]:
     """The decoding settings the evaluate stage uses and where each comes from: ``params_file``'s
-    ``evaluate`` section, the tune stage's choice for a null beam size or alpha, the paper's
-    (§6.1) where there is no params file or no tune report yet. ``ParamsError``: a broken params file."""
+    ``evaluate`` section, the tune stage's choice for a null beam size, alpha or stopping rule; the
+    paper's (§6.1) where there is no params file, or for those null ones while there is no tune
+    report yet (their source is then ``NO_REPORT``). ``ParamsError``: a broken params file or a
+    tune report that holds no valid choice."""
     if not params_file.is_file():
         return DecodingConfig().to_dict(), dict.fromkeys(DecodingConfig().to_dict(), PAPER)
     e = load_params(params_file).evaluate
@@ -38,15 +44,20 @@ def decoding_defaults(params_file: Path) -> tuple[dict[str, Any], dict[str, str]
     section = f"{params_file}'s evaluate section"
     sources = dict.fromkeys(settings, section)
     try:
-        chosen = decoding_settings(e)
-    except ParamsError:   # no tune report yet: the paper's settings for the null keys
-        sources.update({k: PAPER for k in TUNED if getattr(e, k) is None})
+        chosen = decoding_settings(e, tune_report)
+    except TuneReportMissing:   # the paper's settings for the null keys; a corrupt report is an error
+        sources.update({k: NO_REPORT for k in TUNED if getattr(e, k) is None})
         return settings, sources
     for key in TUNED:
         settings[key] = getattr(chosen, key)
         if getattr(chosen, f"{key}_from") == "tune":
-            sources[key] = f"{TUNE_REPORT} (tuned on the validation set)"
+            sources[key] = f"{tune_report} (tuned on the validation set)"
     return settings, sources
+
+
+def option(name: str) -> str:
+    """The command-line option of a decoding setting: max_len_b -> --max-len-b."""
+    return "--" + name.replace("_", "-")
 
 
 class InputError(ValueError):
@@ -69,7 +80,7 @@ def decode_input(data: bytes, name: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     try:
-        defaults, source = decoding_defaults(PARAMS_FILE)
+        defaults, source = decoding_defaults(PARAMS)
     except ParamsError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
@@ -78,28 +89,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokenizer", type=Path, default=paths.TOKENIZER_MODEL)
     parser.add_argument("--input", type=Path, help="source file (default: stdin)")
     parser.add_argument("--output", type=Path, help="translation file (default: stdout)")
-    parser.add_argument("--beam-size", type=int, default=defaults["beam_size"],
-                        help=f"1 = greedy (default: {defaults['beam_size']}, from {source['beam_size']})")
-    parser.add_argument("--alpha", type=float, default=defaults["alpha"],
-                        help=f"length penalty alpha (default: {defaults['alpha']}, from {source['alpha']})")
-    parser.add_argument("--stopping", choices=STOPPING, default=defaults["stopping"],
-                        help=f"when beam search stops a sentence: exact (no live hypothesis can beat the finished "
-                             f"ones) or fairseq (beam-size hypotheses finished; sooner) (default: "
-                             f"{defaults['stopping']}, from {source['stopping']})")
-    parser.add_argument("--max-len-b", type=int, default=defaults["max_len_b"],
-                        help=f"output length limit: source length + this (default: {defaults['max_len_b']})")
-    parser.add_argument("--batch-sentences", type=int, default=defaults["batch_sentences"])
-    parser.add_argument("--precision", choices=["fp32", "bf16"], default=defaults["precision"],
-                        help="decoding precision (bf16: faster on CPUs with AVX512-BF16/AMX and on GPUs; "
-                             f"default: {defaults['precision']})")
+    for name, rule in RULES.items():   # one option per decoding setting, checked by DecodingConfig below
+        parser.add_argument(option(name), dest=name, type=rule.kind, choices=rule.choices or None,
+                            help=f"{rule.help} (default: {defaults[name]}, from {source[name]})")
     args = parser.parse_args(argv)
+    given = {name: getattr(args, name) for name in RULES if getattr(args, name) is not None}
+    fallback = [name for name in TUNED if name not in given and source[name] == NO_REPORT]
+    if fallback:
+        print(f"warning: {TUNE_REPORT} does not exist (the tune stage has not run): translating with the paper's "
+              f"{', '.join(f'{k} {defaults[k]}' for k in fallback)} ({PAPER}), not settings chosen on the "
+              "validation set", file=sys.stderr)
     try:
-        decoding = DecodingConfig(args.beam_size, args.alpha, args.max_len_b, args.batch_sentences, args.precision,
-                                  args.stopping)
+        decoding = DecodingConfig(**{**defaults, **given})
     except ValueError as err:   # named as the option that set it: DecodingConfig.max_len_b -> --max-len-b
         message = str(err)
-        for name in DecodingConfig.__dataclass_fields__:
-            message = message.replace(f"DecodingConfig.{name}", "--" + name.replace("_", "-"))
+        for name in RULES:
+            message = message.replace(f"DecodingConfig.{name}", option(name))
         parser.error(message)
     try:
         translator = load_translator(args.model, args.tokenizer, decoding)

@@ -20,11 +20,15 @@ from typing import Any
 
 from pipeline import tracking
 from pipeline.config import paths
-from pipeline.config.params import Decoding, Params, decoding_settings, load_params
+from pipeline.config.data import DataParams
+from pipeline.config.decoding_sections import EvaluateParams
+from pipeline.config.loader import Sections, load_sections
+from pipeline.config.tracking import TrackingParams
 from pipeline.data.text_files import read_lines
 from pipeline.figures.attention_plots import plot_attention
 from pipeline.scoring.paper_bleu import bleu_tok_compound_split
 from pipeline.scoring.sacrebleu_scores import score
+from pipeline.serving.decoding import Decoding, decoding_settings
 from pipeline.serving.split_decoding import TUNE_DIR, TUNE_RUN, build_translator, load_averaged, split_files
 from pipeline.serving.translator import Translator
 from pipeline.stages.runner import run_stage
@@ -75,7 +79,7 @@ def tune_record() -> dict[str, Any]:
         return {}
 
 
-def tuned_translations(params: Params, decoding: Decoding, sentences: int, model_sha256: str) -> list[str] | None:
+def tuned_translations(params: Sections, decoding: Decoding, sentences: int, model_sha256: str) -> list[str] | None:
     """The tune stage's translations of the validation set when they are exactly what this stage
     would decode (same model, whole set, same settings); else None."""
     record, e = tune_record(), params.evaluate
@@ -90,7 +94,7 @@ def tuned_translations(params: Params, decoding: Decoding, sentences: int, model
     return lines if len(lines) == sentences else None
 
 
-def evaluate(params: Params) -> dict[str, Any]:
+def evaluate(params: Sections) -> dict[str, Any]:
     record_run = tracking.enabled()
     start_all = time.monotonic()
     data, e = params.data, params.evaluate
@@ -149,7 +153,7 @@ def evaluate(params: Params) -> dict[str, Any]:
     return metrics
 
 
-def track(params: Params, metrics: dict[str, Any], decoding: Decoding, seconds: float, model_sha256: str,
+def track(params: Sections, metrics: dict[str, Any], decoding: Decoding, seconds: float, model_sha256: str,
           decode_seconds: dict[str, float] | None = None) -> None:
     """Log scores, the decoding settings (tags), attention maps, translations and the registered
     pyfunc model (whose signature carries the beam size and alpha used) into the run that the tune
@@ -187,8 +191,7 @@ def track(params: Params, metrics: dict[str, Any], decoding: Decoding, seconds: 
     runs.log_artifacts(run_id, [paths.TRANSLATIONS_DIR], "translations")
     runs.log_artifacts(run_id, [Path("params.yaml"), Path("dvc.lock"), paths.METRICS], "run")
     version = store.best_effort("model logging", log_translator, run_id, paths.AVERAGED_MODEL,
-                                   paths.TOKENIZER_MODEL, params.tracking.registered_model,
-                                   decoding.beam_size, decoding.alpha, decoding.stopping)
+                                   paths.TOKENIZER_MODEL, params.tracking.registered_model, decoding.as_dict())
     if version:
         print(f"MLflow: registered model {params.tracking.registered_model!r} version {version} (run {run_id})")
     runs.finish_run(run_id)
@@ -196,7 +199,7 @@ def track(params: Params, metrics: dict[str, Any], decoding: Decoding, seconds: 
 
 def main() -> None:
     argparse.ArgumentParser(description=__doc__).parse_args()
-    evaluate(load_params())
+    evaluate(load_sections(DataParams, EvaluateParams, TrackingParams))
 
 
 if __name__ == "__main__":

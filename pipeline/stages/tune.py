@@ -26,9 +26,13 @@ from typing import Any
 
 from pipeline import tracking
 from pipeline.config import paths
-from pipeline.config.params import TUNE_REPORT, Params, TuneParams, load_params
+from pipeline.config.data import DataParams
+from pipeline.config.decoding_sections import EvaluateParams, TuneParams
+from pipeline.config.loader import Sections, load_sections
+from pipeline.config.tracking import TrackingParams
 from pipeline.data.text_files import read_lines
 from pipeline.scoring.sacrebleu_scores import score
+from pipeline.serving.decoding import TUNE_REPORT
 from pipeline.serving.split_decoding import TUNE_DIR, TUNE_RUN, build_translator, load_averaged, split_files
 from pipeline.serving.translator import Translator
 from pipeline.stages.runner import run_stage
@@ -76,7 +80,7 @@ def search(translator: Translator, sources: list[str], references: list[str], po
     return scored, outputs, times
 
 
-def tune(params: Params) -> dict[str, Any]:
+def tune(params: Sections) -> dict[str, Any]:
     record_run = tracking.enabled()
     start_all = time.monotonic()
     data, e, t = params.data, params.evaluate, params.tune
@@ -111,7 +115,7 @@ def tune(params: Params) -> dict[str, Any]:
     return report
 
 
-def record(params: Params, chosen: dict[str, Any], report: dict[str, Any], model_sha256: str, seconds: float,
+def record(params: Sections, chosen: dict[str, Any], report: dict[str, Any], model_sha256: str, seconds: float,
            times: list[float]) -> None:
     """Log the grid and the choice into the model's run (a child run when ``tune`` params changed), and
     tag it as the run that evaluate logs into."""
@@ -130,7 +134,7 @@ def record(params: Params, chosen: dict[str, Any], report: dict[str, Any], model
 
 def main() -> None:
     argparse.ArgumentParser(description=__doc__).parse_args()
-    tune(load_params())
+    tune(load_sections(DataParams, TuneParams, EvaluateParams, TrackingParams))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,9 @@ from pathlib import Path
 import torch
 import uvicorn
 
-from pipeline.config.params import PARAMS_FILE, ParamsError, load_params
+from pipeline.config.errors import ParamsError
+from pipeline.config.loader import PARAMS
+from pipeline.config.params import load_params
 from pipeline.serving.mlflow_server import DEFAULT_PORT, HOST, ServingError
 from pipeline.serving.server.app import ServerSettings, ServerState, create_app
 from pipeline.serving.server.batcher import Batcher
@@ -59,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from pipeline.tracking import store
     try:
-        name = args.name or (load_params(PARAMS_FILE).tracking.registered_model if Path(PARAMS_FILE).is_file()
+        name = args.name or (load_params(PARAMS).tracking.registered_model if Path(PARAMS).is_file()
                              else "transformer")
         version, why, run_id = wanted_version(store.client(), name)
         model = load_version(store.tracking_uri(), name, version, why, run_id)

@@ -151,12 +151,12 @@ def create_app(state: ServerState) -> FastAPI:
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             return 400, error(400, f"malformed JSON: {err}", "MALFORMED_REQUEST", version)
         try:
-            ids, beam_size, alpha, stopping = checked(model.translator, parsed)
+            ids, decoding = checked(model.translator, parsed)
         except BadRequest as err:
             return 400, error(400, err.message, err.error_code, version)
         loop = asyncio.get_running_loop()
-        job = Job(ids, model, beam_size, alpha, stopping, time.monotonic() + state.settings.deadline_seconds,
-                  loop.create_future(), loop)
+        job = Job(ids, model, decoding, time.monotonic() + state.settings.deadline_seconds, loop.create_future(),
+                  loop)
         try:
             state.batcher.submit(job)
         except QueueFull as err:

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from pipeline.serving.decoding import DecodingConfig
+
 
 class QueueFull(RuntimeError):
     pass
@@ -36,9 +38,7 @@ class Job:
 
     ids: list[list[int]]
     model: Any            # the ServedModel current when the request was accepted
-    beam_size: int
-    alpha: float
-    stopping: str
+    decoding: DecodingConfig   # the version's settings with what the request's params set
     deadline: float       # time.monotonic() by which its batch must have started
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
@@ -122,9 +122,9 @@ class Batcher:
                     job.answer(error=DeadlineExceeded(f"waited {now - job.queued_at:.2f} s in the queue"))
                 else:
                     live.append(job)
-            groups: dict[tuple[int, int, float, str], list[Job]] = {}
+            groups: dict[tuple[int, DecodingConfig], list[Job]] = {}
             for job in live:
-                groups.setdefault((id(job.model), job.beam_size, job.alpha, job.stopping), []).append(job)
+                groups.setdefault((id(job.model), job.decoding), []).append(job)
             for group in groups.values():
                 self._decode(group)
 
@@ -134,7 +134,7 @@ class Batcher:
         started = time.monotonic()
         try:
             with torch.inference_mode():
-                hypotheses = first.model.translator.translate_ids(ids, first.beam_size, first.alpha, first.stopping)
+                hypotheses = first.model.translator.translate_ids(ids, **first.decoding.per_request())
             texts = first.model.translator.tokenizer.decode(hypotheses)
         except Exception as err:   # noqa: BLE001 - answered as a 500 to each request of the batch
             for job in group:

@@ -1,8 +1,8 @@
 """Which registered version the server serves, and loading it: the registry's ``champion`` of the
 model (without one, the newest version: followed as new versions arrive), its ``model.pt`` and
 SentencePiece model downloaded from whatever store ``MLFLOW_TRACKING_URI`` names and loaded
-directly, decoding with the settings the evaluate stage scored (the version's ``model_config``),
-warmed with one translation before it serves."""
+directly, decoding with the settings the evaluate stage scored (the version's registered settings,
+``pipeline.serving.registered``), warmed with one translation before it serves."""
 
 from __future__ import annotations
 
@@ -14,11 +14,10 @@ from pathlib import Path
 
 import mlflow
 import torch
-import yaml
 from mlflow.tracking import MlflowClient
 
-from pipeline.serving.decoding import DecodingConfig
 from pipeline.serving.mlflow_server import served_version
+from pipeline.serving.registered import mlmodel_settings
 from pipeline.serving.translator import Translator, load_translator
 
 WARM_UP_SENTENCE = "A man is walking."
@@ -54,16 +53,14 @@ def load_version(tracking_uri: str, name: str, version: str, why: str, run_id: s
         def fetch(path: str) -> Path:
             return Path(mlflow.artifacts.download_artifacts(artifact_uri=f"{source}/{path}", dst_path=tmp,
                                                             tracking_uri=tracking_uri))
-        mlmodel = yaml.safe_load(fetch("MLmodel").read_text())
-        pyfunc = mlmodel.get("flavors", {}).get("python_function", {})
-        config = pyfunc.get("model_config") or mlmodel.get("model_config") or {}
+        decoding = mlmodel_settings(fetch("MLmodel"))
         artifacts = fetch("artifacts")
         model_file = next(artifacts.glob("*.pt"))
         tokenizer_file = next(artifacts.glob("*.model"))
         # The checkpoint is read into memory (weights_only) and the tokenizer's bytes too: the
         # temporary folder may go once loaded.
-        translator = load_translator(model_file, tokenizer_file, DecodingConfig.of(config.get("decoding", {})),
-                                     device=device, model_source=f"models:/{name}/{version}")
+        translator = load_translator(model_file, tokenizer_file, decoding, device=device,
+                                     model_source=f"models:/{name}/{version}")
     with torch.inference_mode():
         translator.translate([WARM_UP_SENTENCE])
     return ServedModel(name, version, why, run_id, translator)

@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 from mlflow.exceptions import MlflowException
 
+from pipeline.serving.decoding import DecodingConfig
 from pipeline.serving.mlflow_model import TranslatorModel, invalid, sentences_of
 from pipeline.serving.translator import Translator
 
@@ -50,18 +51,18 @@ def model_input_of(body: Any) -> tuple[Any, dict[str, Any]]:
     return data, params
 
 
-def checked(translator: Translator, body: Any) -> tuple[list[list[int]], int, float, str]:
-    """The pieces of each sentence and the decoding settings of a request; BadRequest (400) with the
-    pyfunc model's own message for anything it would refuse."""
+def checked(translator: Translator, body: Any) -> tuple[list[list[int]], DecodingConfig]:
+    """The pieces of each sentence and the decoding settings of a request (the version's, with what
+    its params set); BadRequest (400) with the pyfunc model's own message for anything it would refuse."""
     data, params = model_input_of(body)
     checker = TranslatorModel()
     checker.translator = translator
     try:
         ids = checker.check(sentences_of(data))
-        beam_size, alpha, stopping = checker.decoding(params)
+        decoding = checker.decoding(params)
     except MlflowException as err:
         raise BadRequest(err.message) from None
-    return ids, beam_size, alpha, stopping
+    return ids, decoding
 
 
 __all__ = ["BadRequest", "checked", "invalid", "model_input_of"]

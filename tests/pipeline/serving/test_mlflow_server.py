@@ -96,8 +96,8 @@ def _train_and_register(root: Path, uri: str) -> tuple[str, Path, Path]:
                                                         "chrf_signature": "nrefs:1|case:mixed|eff:yes|nc:6"},
                                    "dev": {"val": {"bleu": 1.75, "chrf": 13.0}}}))
     for _ in range(2):
-        log_translator(callback.run_id, root / "model.pt", root / "spm.model", NAME, 2, 0.6, metrics_file=metrics,
-                       corpus_stats_file=root / "missing-stats.json")
+        log_translator(callback.run_id, root / "model.pt", root / "spm.model", NAME, {"beam_size": 2, "alpha": 0.6},
+                       metrics_file=metrics, corpus_stats_file=root / "missing-stats.json")
     return callback.run_id, root / "model.pt", root / "spm.model"
 
 

@@ -1,0 +1,125 @@
+"""pipeline/serving/decoding.py: every decoding setting's default, limits and checks in one place;
+what one request may set; the tune stage's choice and where each setting came from."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from pipeline.config.errors import ParamsError, TuneReportMissing
+from pipeline.serving import decoding
+from pipeline.serving.decoding import DecodingConfig, RequestError, decoding_settings, request_settings
+from transformer.search import STOPPING_RULES
+
+
+def test_the_papers_defaults_and_who_sets_what():
+    assert DecodingConfig().to_dict() == {"beam_size": 4, "alpha": 0.6, "max_len_b": 50, "batch_sentences": 64,
+                                          "precision": "fp32", "stopping": "exact"}   # §6.1
+    assert set(decoding.RULES) == set(DecodingConfig().to_dict())
+    assert decoding.TUNED == decoding.REQUEST == ("beam_size", "alpha", "stopping")
+    assert decoding.LEGACY == {"stopping": "exact"}      # versions registered before the rule existed
+    assert set(decoding.STOPPING) <= set(STOPPING_RULES)   # rules the search has
+    assert decoding.PRECISIONS == ("fp32", "bf16")
+    assert (decoding.MAX_BEAM, decoding.ALPHA_RANGE) == (16, (0.0, 10.0))
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"beam_size": 0}, "DecodingConfig.beam_size must be a positive integer, got 0"),
+    ({"beam_size": True}, "DecodingConfig.beam_size must be a positive integer, got True"),
+    ({"max_len_b": 2.5}, "DecodingConfig.max_len_b must be a positive integer, got 2.5"),
+    ({"alpha": -0.1}, "DecodingConfig.alpha must be a number >= 0, got -0.1"),
+    ({"alpha": math.nan}, "DecodingConfig.alpha must be a number >= 0, got nan"),
+    ({"stopping": "early"}, "DecodingConfig.stopping must be one of exact, fairseq, got 'early'"),
+    ({"precision": "fp16"}, "DecodingConfig.precision must be one of fp32, bf16, got 'fp16'"),
+])
+def test_a_bad_setting_names_its_field(changes, message):
+    with pytest.raises(ValueError, match=f"^{message.replace('(', '.').replace(')', '.')}$"):
+        DecodingConfig(**changes)
+    with pytest.raises(ValueError, match="^DecodingConfig."):
+        DecodingConfig().replace(**changes)
+
+
+def test_of_replace_and_per_request():
+    config = DecodingConfig.of({"beam_size": 5, "alpha": None, "attention_sentences": 3})
+    assert (config.beam_size, config.alpha) == (5, 0.6)       # None and unknown keys: ignored
+    changed = config.replace(alpha=1.5, stopping=None)
+    assert (changed.alpha, changed.stopping, config.alpha) == (1.5, "exact", 0.6)
+    assert changed.per_request() == {"beam_size": 5, "alpha": 1.5, "stopping": "exact"}
+    assert hash(changed) == hash(DecodingConfig(beam_size=5, alpha=1.5))   # the server groups requests by it
+
+
+# ----------------------------------------------------------------------------- one request
+
+
+def test_a_request_sets_only_what_it_gives():
+    served = DecodingConfig(beam_size=2, alpha=1.0, max_len_b=12, stopping="fairseq")
+    assert request_settings(served, None) == request_settings(served, {}) == served
+    got = request_settings(served, {"beam_size": 1, "max_len_b": 99, "other": "x"})   # not request settings: ignored
+    assert got == served.replace(beam_size=1)
+    # JSON clients send numbers as they like: 5.0 and "5" are the beam size 5; an integer alpha is a float
+    assert request_settings(served, {"beam_size": 5.0, "alpha": 2}).per_request() == {
+        "beam_size": 5, "alpha": 2.0, "stopping": "fairseq"}
+    assert request_settings(served, {"beam_size": "5", "alpha": "0.5", "stopping": "exact"}).per_request() == {
+        "beam_size": 5, "alpha": 0.5, "stopping": "exact"}
+    # The served version's own settings are not a request's: a beam over the request limit still serves.
+    wide = DecodingConfig(beam_size=decoding.MAX_BEAM + 4, alpha=12.0)
+    assert request_settings(wide, {}) == wide
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"beam_size": 99}, "params: beam_size must be between 1 and 16, got 99"),
+    ({"beam_size": 0}, "params: beam_size must be between 1 and 16, got 0"),
+    ({"beam_size": 4.5}, "params: beam_size must be an integer, got float 4.5"),
+    ({"beam_size": True}, "params: beam_size must be an integer, got bool True"),
+    ({"beam_size": [4]}, "params: beam_size must be an integer, got list [4]"),
+    ({"alpha": 10.5}, "params: alpha must be between 0 and 10, got 10.5"),
+    ({"alpha": -1}, "params: alpha must be between 0 and 10, got -1.0"),
+    ({"alpha": "nan"}, "params: alpha must be a number, got str 'nan'"),
+    ({"alpha": "x"}, "params: alpha must be a number, got str 'x'"),
+    ({"stopping": "soon"}, "params: stopping must be one of exact, fairseq, got str 'soon'"),
+])
+def test_a_bad_request_param_says_why(params, message):
+    with pytest.raises(RequestError) as err:
+        request_settings(DecodingConfig(), params)
+    assert str(err.value) == message
+
+
+def test_request_limits_bound_what_a_request_costs():
+    widest = request_settings(DecodingConfig(), {"beam_size": decoding.MAX_BEAM, "alpha": decoding.ALPHA_RANGE[1]})
+    assert (widest.beam_size, widest.alpha) == (16, 10.0)
+    assert request_settings(DecodingConfig(), {"beam_size": 1, "alpha": 0}).alpha == 0.0
+
+
+# ----------------------------------------------------------------------------- the tune stage's choice
+
+
+def test_decoding_settings_follow_tune_for_null_keys(tmp_path):
+    report = tmp_path / "tune.json"
+    report.write_text(json.dumps({"chosen": {"beam_size": 4, "alpha": 1, "stopping": "fairseq", "bleu": 39.1}}))
+    d = decoding_settings({"beam_size": None, "alpha": None, "stopping": None}, report)
+    assert d.as_dict() == {"beam_size": 4, "alpha": 1.0, "stopping": "fairseq", "beam_size_from": "tune",
+                           "alpha_from": "tune", "stopping_from": "tune"}
+    assert isinstance(d.alpha, float)           # 1 in JSON: the alpha 1.0, as the tune stage decoded it
+    d = decoding_settings({"beam_size": 1, "alpha": None, "stopping": "exact"}, report)
+    assert (d.beam_size, d.alpha, d.stopping, d.beam_size_from, d.alpha_from) == (1, 1.0, "exact", "params", "tune")
+    assert d.applied_to(DecodingConfig(max_len_b=8)) == DecodingConfig(beam_size=1, alpha=1.0, max_len_b=8)
+    with pytest.raises(AttributeError, match="Decoding has no 'beam'"):
+        d.beam   # noqa: B018
+
+
+def test_a_missing_report_is_tune_report_missing_a_corrupt_one_a_params_error(tmp_path):
+    given = {"beam_size": 5, "alpha": 0.6, "stopping": "exact"}
+    assert decoding_settings(given, tmp_path / "missing.json").alpha_from == "params"   # not read
+    with pytest.raises(TuneReportMissing, match="missing.json does not exist: evaluate.stopping null means"):
+        decoding_settings({**given, "stopping": None}, tmp_path / "missing.json")
+    report = tmp_path / "tune.json"
+    for corrupt in ("{not json", "[]", json.dumps({"chosen": {"beam_size": 4, "alpha": 1.5}}),
+                    json.dumps({"chosen": {"beam_size": 4, "alpha": None, "stopping": "exact"}}),
+                    json.dumps({"chosen": {"beam_size": 4, "alpha": 1.5, "stopping": "soon"}})):
+        report.write_text(corrupt)
+        with pytest.raises(ParamsError) as err:
+            decoding_settings({**given, "alpha": None}, report)
+        assert not isinstance(err.value, TuneReportMissing)
+        assert "holds no valid choice" in str(err.value) and "\n" not in str(err.value)

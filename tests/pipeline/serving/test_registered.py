@@ -1,0 +1,140 @@
+"""pipeline/serving/registered.py: a registered version's decoding settings are written once (the
+model config, the source of truth, and the signature's param defaults, which agree) and read by one
+function, the same for the server, the promotion gate and the pyfunc model; versions registered
+before the model config carried them are read from their signature, and before the stopping rule
+existed, with the exact rule. Real MLflow: a tiny model registered in a temporary SQLite store."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlflow
+import pandas as pd
+import pytest
+from mlflow.models import ModelSignature, infer_signature
+from mlflow.pyfunc import PythonModelContext
+from mlflow.tracking import MlflowClient
+from mlflow.types.schema import ParamSchema, ParamSpec
+
+from pipeline.flows import gate
+from pipeline.serving.decoding import RULES, DecodingConfig
+from pipeline.serving.mlflow_model import TranslatorModel
+from pipeline.serving.registered import SettingsNotRecorded, mlmodel_settings, registered_settings, to_register
+from pipeline.serving.server.model_source import load_version
+from pipeline.serving.translator import load_translator
+
+from .test_mlflow_server import NAME, SOURCES, registered_in_temp_store
+
+# What the evaluate stage registered (beam 2 and alpha 0.6 chosen, max_len_b 12 from the run's params).
+REGISTERED = DecodingConfig(beam_size=2, alpha=0.6, max_len_b=12, stopping="exact")
+
+
+def signature_dict(**defaults) -> dict:
+    """An MLmodel's ``signature`` entry whose params have these defaults."""
+    dtypes = {int: "long", float: "double", str: "string"}
+    params = ParamSchema([ParamSpec(k, dtypes[type(v)], v) for k, v in defaults.items()])
+    return ModelSignature(params=params).to_dict()
+
+
+def mlmodel(decoding: dict | None, **signature) -> dict:
+    """An MLmodel file's contents: the pyfunc flavor's model_config and the signature."""
+    pyfunc = {"loader_module": "mlflow.pyfunc.model"}
+    if decoding is not None:
+        pyfunc["config"] = {"decoding": decoding}   # where MLflow keeps a pyfunc model's model_config
+    return {"flavors": {"python_function": pyfunc}, **({"signature": signature_dict(**signature)} if signature else {})}
+
+
+def test_written_once_the_model_config_and_the_signature_agree():
+    settings = DecodingConfig(beam_size=5, alpha=1, max_len_b=12, stopping="fairseq")
+    model_config, params = to_register(settings)
+    assert set(model_config["decoding"]) == set(RULES)             # every setting, so a new one travels too
+    assert params == {"beam_size": 5, "alpha": 1.0, "stopping": "fairseq"} and isinstance(params["alpha"], float)
+    assert registered_settings(model_config) == registered_settings(None, params).replace(max_len_b=12) == settings
+
+
+def test_the_model_config_is_the_source_of_truth_the_signature_only_for_old_versions():
+    new = mlmodel({**DecodingConfig(beam_size=5, alpha=1.5).to_dict(), "stopping": "fairseq"},
+                  beam_size=3, alpha=0.6, stopping="exact")    # a disagreeing signature is not read
+    assert mlmodel_settings(new) == DecodingConfig(beam_size=5, alpha=1.5, stopping="fairseq")
+    # Registered before the stopping rule was a setting: model_config without it -> the exact rule
+    before_rule = mlmodel({"beam_size": 4, "alpha": 1.0, "max_len_b": 8}, beam_size=4, alpha=1.0)
+    assert mlmodel_settings(before_rule) == DecodingConfig(beam_size=4, alpha=1.0, max_len_b=8, stopping="exact")
+    # Registered before model_config carried the settings: the signature's, the rest the paper's (§6.1)
+    oldest = mlmodel(None, beam_size=3, alpha=2)
+    assert mlmodel_settings(oldest) == DecodingConfig(beam_size=3, alpha=2.0, stopping="exact")
+    with pytest.raises(SettingsNotRecorded, match="records no decoding settings"):
+        mlmodel_settings(mlmodel(None))
+    with pytest.raises(ValueError, match="DecodingConfig.stopping must be one of exact, fairseq, got 'soon'"):
+        mlmodel_settings(mlmodel({"beam_size": 4, "stopping": "soon"}))
+    # A setting this code does not know (a later one's) is left out.
+    assert registered_settings({"decoding": {"beam_size": 6, "later": "x"}}).beam_size == 6
+
+
+# ----------------------------------------------------------------------------- a real store
+
+
+@dataclass
+class Store:
+    root: Path
+    uri: str
+    client: MlflowClient
+    run_id: str
+    model_file: Path
+    tokenizer_file: Path
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Store:
+    """Versions 1 and 2 as the evaluate stage registers them; version 3 as versions were registered
+    before the model config carried the settings and before the stopping rule: beam 3 and alpha 1.0
+    as its signature's params, nothing else."""
+    root, uri, run_id, model_file, tokenizer_file = registered_in_temp_store(tmp_path_factory, "registered")
+    signature = infer_signature(pd.DataFrame({"text": ["A man."]}), ["Ein Mann."], params={"beam_size": 3,
+                                                                                          "alpha": 1.0})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", uri)
+        mp.chdir(root)
+        mlflow.set_tracking_uri(uri)
+        try:
+            with mlflow.start_run(run_id=run_id):
+                info = mlflow.pyfunc.log_model(name="old-translator", python_model=TranslatorModel(),
+                                               artifacts={"model": str(model_file), "tokenizer": str(tokenizer_file)},
+                                               signature=signature, registered_model_name=NAME)
+        finally:
+            mlflow.set_tracking_uri(None)
+    assert str(info.registered_model_version) == "3"
+    return Store(root, uri, MlflowClient(uri, uri), run_id, model_file, tokenizer_file)
+
+
+def test_a_registered_version_records_one_set_of_settings(store, tmp_path):
+    files = gate.version_files(store.client, NAME, "1", tmp_path, store.uri)
+    assert mlmodel_settings(files["MLmodel"]) == REGISTERED
+    model_config, params = to_register(REGISTERED)
+    read = mlflow.models.Model.load(str(files["MLmodel"]))
+    assert read.flavors["python_function"]["config"] == model_config
+    assert {p.name: p.default for p in read.signature.params.params} == params   # what MLflow's server fills in
+
+
+def test_server_gate_and_pyfunc_read_the_same_settings(store, tmp_path):
+    mlmodels = {}
+    for version, expected in (("1", REGISTERED), ("3", DecodingConfig(beam_size=3, alpha=1.0, stopping="exact"))):
+        files = gate.version_files(store.client, NAME, version, tmp_path / version, store.uri)
+        mlmodels[version] = files["MLmodel"]
+        assert mlmodel_settings(files["MLmodel"]) == expected
+        served = load_version(store.uri, NAME, version, "asked for", store.run_id)
+        assert served.translator.decoding == expected                              # the server
+        got, used = gate.translate_with_version(store.client, NAME, version, {"val": SOURCES}, None, None,
+                                                max_len_b=12, batch_sentences=64, tracking_uri=store.uri)
+        assert used == expected.per_request()                                      # the gate
+        reference = load_translator(store.model_file, store.tokenizer_file, expected.replace(max_len_b=12),
+                                    device="cpu")
+        assert got["val"] == reference.translate(SOURCES)
+    pyfunc = TranslatorModel()                                                     # the pyfunc model
+    model_config = mlflow.models.Model.load(str(mlmodels["1"])).flavors["python_function"]["config"]
+    pyfunc.load_context(PythonModelContext({"model": str(store.model_file), "tokenizer": str(store.tokenizer_file)},
+                                           model_config))
+    assert pyfunc.translator.decoding == REGISTERED
+    assert pyfunc.decoding({"beam_size": 1}) == REGISTERED.replace(beam_size=1)
+    assert pyfunc.predict(None, SOURCES) == load_translator(store.model_file, store.tokenizer_file, REGISTERED,
+                                                            device="cpu").translate(SOURCES)
