@@ -105,14 +105,14 @@ class Workspace:
 
     def summary(self) -> dict[str, Any]:
         train, tune, metrics = self.report("train_metrics.json"), self.report("tune.json"), self.report("metrics.json")
-        test_sets = self.params["data"]["test_sets"]
+        test_sets, tests = self.params["data"]["test_sets"], metrics.get("test", {})
         return {"seconds": self.seconds, "train_seconds": self.train_seconds(), "steps": train.get("steps"),
                 "epochs": train.get("epochs"),
                 "parameters": train.get("parameters"),
-                "valid_bleu": tune.get("chosen", {}).get("bleu"),
+                "valid_bleu": tune.get("valid_bleu"),
                 "beam_size": tune.get("chosen", {}).get("beam_size"), "alpha": tune.get("chosen", {}).get("alpha"),
                 "stopping": tune.get("chosen", {}).get("stopping", "exact"),
-                "test": {t: {k: metrics[t][k] for k in ("bleu", "chrf")} for t in test_sets if t in metrics},
+                "test": {t: {k: tests[t][k] for k in ("bleu", "chrf")} for t in test_sets if t in tests},
                 "model": self.params["model"], "train": self.params["train"]}
 
 

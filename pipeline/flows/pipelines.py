@@ -40,6 +40,7 @@ from pipeline.flows.gate import (
     promote_if_better,
     translate_with_version,
 )
+from pipeline.scoring.reports import DECODING, EVALUATE_SCORES, scores_of_dev_sets, scores_of_test_sets
 from pipeline.tracking import links, store
 
 METRICS_ARTIFACT = "training-metrics"
@@ -55,8 +56,9 @@ def params_of(root: Path) -> Params:
     return load_params(root / PARAMS)
 
 
-def read_metrics(root: Path) -> dict[str, dict[str, Any]]:
-    file = root / paths.METRICS
+def read_metrics(root: Path, file: Path = paths.METRICS) -> dict[str, dict[str, Any]]:
+    """The evaluate stage's ``reports/metrics.json`` (``file``: or its detail, ``reports/evaluate/scores.json``)."""
+    file = root / file
     if not file.is_file():
         raise GateError(f"{file} does not exist: the evaluate stage did not finish")
     return json.loads(file.read_text())
@@ -91,15 +93,9 @@ def model_run_ids(root: Path, experiment: str, client: MlflowClient) -> list[str
     return [newest, *(r for r in others if r != newest)]
 
 
-DEV, DECODING = "dev", "decoding"   # reports/metrics.json's keys beside the test sets (pipeline/stages/evaluate.py)
-
-
-def scores_of_test_sets(metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {k: v for k, v in metrics.items() if k not in (DEV, DECODING)}
-
-
 def metrics_markdown(metrics: dict[str, Any], run_id: str | None) -> str:
-    rows = [(name, "validation", m) for name, m in metrics.get(DEV, {}).items()]
+    """``metrics``: ``reports/evaluate/scores.json`` (the signatures, where each setting came from)."""
+    rows = [(name, "validation", m) for name, m in scores_of_dev_sets(metrics).items()]
     rows += [(name, "test", m) for name, m in scores_of_test_sets(metrics).items()]
     lines = ["# Training pipeline: scores", "",
              "| set | role | BLEU | chrF | sentences |", "|---|---|---:|---:|---:|"]
@@ -121,8 +117,9 @@ def metrics_markdown(metrics: dict[str, Any], run_id: str | None) -> str:
 def training_pipeline(workdir: str = ".", overrides: list[str] | None = None) -> dict[str, dict[str, Any]]:
     """Run the DVC pipeline in ``workdir``: each stage a task (``dvc repro --single-item``) in the
     DAG's order, or one ``dvc exp run -S key=value ...`` task when ``overrides`` are given.
-    Returns ``reports/metrics.json`` (test sets, the validation set under ``dev``, the decoding
-    settings under ``decoding``) and publishes it as the ``training-metrics`` artifact."""
+    Returns ``reports/metrics.json`` (test sets under ``test``, the validation set under ``dev``, the
+    decoding settings under ``decoding``) and publishes its detail (``reports/evaluate/scores.json``)
+    as the ``training-metrics`` artifact."""
     root = Path(workdir).resolve()
     check_stages(root)
     if overrides:
@@ -144,9 +141,9 @@ def training_pipeline(workdir: str = ".", overrides: list[str] | None = None) ->
         run_id: str | None = model_run_id(root, params_of(root).tracking.experiment, MlflowClient(uri, uri))
     except Exception:  # noqa: BLE001 (the artifact only mentions it)
         run_id = None
-    create_markdown_artifact(metrics_markdown(metrics, run_id), key=METRICS_ARTIFACT,
-                             description=f"reports/metrics.json of the pipeline in {root}")
-    scored = {**metrics.get(DEV, {}), **scores_of_test_sets(metrics)}
+    create_markdown_artifact(metrics_markdown(read_metrics(root, EVALUATE_SCORES), run_id), key=METRICS_ARTIFACT,
+                             description=f"{EVALUATE_SCORES} of the pipeline in {root}")
+    scored = {**scores_of_dev_sets(metrics), **scores_of_test_sets(metrics)}
     get_run_logger().info("metrics: %s", json.dumps({k: {"bleu": v.get("bleu"), "chrf": v.get("chrf")}
                                                      for k, v in scored.items()}))
     return metrics
@@ -188,8 +185,9 @@ def promotion_gate(workdir: str, flow_run_id: str = "", extra_tags: dict[str, st
     client = MlflowClient(uri, uri)
 
     metrics = read_metrics(root)
-    scores = {**{t: metrics[t] for t in data.test_sets if t in metrics},
-              **{d: m for d, m in metrics.get(DEV, {}).items() if d == gate_set}}
+    tests = scores_of_test_sets(metrics)
+    scores = {**{t: tests[t] for t in data.test_sets if t in tests},
+              **{d: m for d, m in scores_of_dev_sets(metrics).items() if d == gate_set}}
     missing = [t for t in (gate_set, *data.test_sets) if t not in scores]
     if missing:
         raise GateError(f"{paths.METRICS} has no scores for {', '.join(missing)}: the evaluation is partial")

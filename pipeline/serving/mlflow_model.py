@@ -159,7 +159,7 @@ def log_translator(run_id: str, model_file: Path, tokenizer_file: Path, register
 
     ``chosen``: the tuned settings the evaluate stage decoded with (``Decoding.as_dict()``: beam
     size, alpha, stopping rule and, optionally, where each came from); the other settings are the
-    run's ``evaluate.*`` params. ``metrics_file`` (default ``reports/metrics.json``) holds the test
+    run's ``evaluate.*`` params. ``metrics_file`` (default ``reports/evaluate/scores.json``) holds the test
     scores and signatures, ``corpus_stats_file`` (default ``data/corpus/stats.json``) the data
     cleaning counts.
     """
@@ -168,6 +168,7 @@ def log_translator(run_id: str, model_file: Path, tokenizer_file: Path, register
     import pipeline
     import transformer
     from pipeline.config import paths
+    from pipeline.scoring.reports import EVALUATE_SCORES
     from pipeline.serving.registered import to_register
     from pipeline.tracking import model_card, store
     from transformer.checkpoint import load_checkpoint
@@ -198,7 +199,7 @@ def log_translator(run_id: str, model_file: Path, tokenizer_file: Path, register
 
     model_config = load_checkpoint(model_file).get("model_config", {})
     store.best_effort("model card", model_card.describe_version, registered_name, version, run_id,
-                         metrics=read_json(metrics_file or paths.METRICS), decoding=decoding,
+                         metrics=read_json(metrics_file or EVALUATE_SCORES), decoding=decoding,
                          model_config=model_config,
                          corpus_stats=read_json(corpus_stats_file or paths.CORPUS_DIR / "stats.json"))
     return version

@@ -1,7 +1,6 @@
 """Decoding a split of the corpus with the pipeline's averaged model, as the tune and evaluate
 stages do (beam search, §6.1): the model and its tokenizer as a ``Translator`` with ``evaluate``'s
-settings, a split's source and reference files, and where tune leaves its decoded validation set
-for evaluate to reuse.
+settings, and a split's source and reference files.
 
 Shared by the two stages and by neither's module, so that each stage depends on the code it runs
 and no other stage's.
@@ -22,9 +21,6 @@ if TYPE_CHECKING:
     import torch
 
     from pipeline.config.params import Params
-
-TUNE_DIR = paths.REPORTS_DIR / "tune"   # the tune stage's chosen validation translations + run.json
-TUNE_RUN = TUNE_DIR / "run.json"        # what tune decoded there (model hash, settings, sentences)
 
 
 def load_averaged() -> dict[str, Any]:

@@ -8,6 +8,19 @@ Beam size, alpha and stopping rule are ``evaluate.beam_size`` / ``evaluate.alpha
 set's translations (``reports/translations/<valid_set>.*``, copied from the tune stage when it
 decoded the whole set with the same settings) are what the promotion gate judges; the test sets'
 are only reported.
+
+Writes (docs/metrics.md), no time in either (a DVC output follows from the deps and params alone):
+
+- ``reports/metrics.json``, the DVC metric, what ``dvc metrics show`` prints::
+
+    {"test": {<test set>: {"bleu", "chrf"}},       # sacreBLEU; WMT sets add "bleu_tok_compound_split"
+     "dev": {<valid_set>: {"bleu", "chrf"}},       # what the promotion gate judges
+     "decoding": {"beam_size", "alpha", "stopping"}}   # the settings used
+
+- ``reports/evaluate/scores.json``, a DVC output: the same keys and every detail, per set
+  ``length_ratio``, ``sentences``, the sacreBLEU ``signature`` and ``chrf_signature`` (test sets),
+  the paper's BLEU's description, ``translated_by`` (validation: this stage or the tune stage); under
+  ``decoding`` also ``<setting>_from`` (params or tune), ``max_len_b`` and ``precision``.
 """
 
 from __future__ import annotations
@@ -27,19 +40,29 @@ from pipeline.config.tracking import TrackingParams
 from pipeline.data.text_files import read_lines
 from pipeline.figures.attention_plots import plot_attention
 from pipeline.scoring.paper_bleu import bleu_tok_compound_split
+from pipeline.scoring.reports import (
+    DECODING,
+    DEV,
+    EVALUATE_SCORES,
+    TEST,
+    TUNE_DIR,
+    TUNE_RUN,
+    scores_of_dev_sets,
+    scores_of_test_sets,
+)
 from pipeline.scoring.sacrebleu_scores import score
 from pipeline.serving.decoding import Decoding, decoding_settings
-from pipeline.serving.split_decoding import TUNE_DIR, TUNE_RUN, build_translator, load_averaged, split_files
+from pipeline.serving.split_decoding import build_translator, load_averaged, split_files
 from pipeline.serving.translator import Translator
 from pipeline.stages.runner import run_stage
 from transformer.atomic import write_json, write_lines
 from transformer.checkpoint import file_sha256
 from transformer.search import attention_weights
 
-DEV, DECODING = "dev", "decoding"   # metrics.json keys beside the test sets'
-
-
 PAPER_KEY = "bleu_tok_compound_split"
+# reports/metrics.json's per-set scores and decoding settings; the rest is reports/evaluate/scores.json's.
+HEADLINE_SCORES = ("bleu", "chrf", PAPER_KEY)
+HEADLINE_DECODING = ("beam_size", "alpha", "stopping")
 
 
 def paper_score(hypotheses: list[str], references: list[str], lang: str) -> dict[str, Any]:
@@ -49,9 +72,15 @@ def paper_score(hypotheses: list[str], references: list[str], lang: str) -> dict
     return {PAPER_KEY: round(result.score, 2), f"{PAPER_KEY}_description": result.description}
 
 
-def scores_of_test_sets(metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The test sets' entries of ``reports/metrics.json`` (without ``dev`` and ``decoding``)."""
-    return {k: v for k, v in metrics.items() if k not in (DEV, DECODING)}
+def headline(detail: dict[str, Any]) -> dict[str, Any]:
+    """``reports/metrics.json`` from ``reports/evaluate/scores.json``: per set its BLEU and chrF (and
+    the paper's BLEU where measured), and the decoding settings used."""
+    def pick(scores: dict[str, Any]) -> dict[str, Any]:
+        return {k: scores[k] for k in HEADLINE_SCORES if k in scores}
+
+    return {TEST: {name: pick(m) for name, m in scores_of_test_sets(detail).items()},
+            DEV: {name: pick(m) for name, m in scores_of_dev_sets(detail).items()},
+            DECODING: {k: detail[DECODING][k] for k in HEADLINE_DECODING}}
 
 
 def draw_attention(translator: Translator, sources: list[str], count: int,
@@ -107,7 +136,7 @@ def evaluate(params: Sections) -> dict[str, Any]:
           f"({decoding.alpha_from}), stopping {decoding.stopping} ({decoding.stopping_from})", flush=True)
     translator.decoding = translator.decoding.replace(beam_size=decoding.beam_size, alpha=decoding.alpha,
                                                       stopping=decoding.stopping)
-    metrics: dict[str, Any] = {}   # a DVC metric: scores only; decoding times go to MLflow and the console
+    tests: dict[str, dict[str, Any]] = {}   # scores only: decoding times go to MLflow and the console
     decode_seconds: dict[str, float] = {}
     paths.ATTENTION_DIR.mkdir(parents=True, exist_ok=True)   # a DVC output, even with attention_sentences 0
     for test_set, (src_file, ref_file) in test_files.items():
@@ -116,14 +145,14 @@ def evaluate(params: Sections) -> dict[str, Any]:
         hypotheses = translator.translate(sources)
         seconds = time.monotonic() - start
         write_lines(paths.TRANSLATIONS_DIR / f"{test_set}.{data.tgt_lang}", hypotheses)
-        metrics[test_set] = {**score(hypotheses, references), "sentences": len(sources)}
+        tests[test_set] = {**score(hypotheses, references), "sentences": len(sources)}
         decode_seconds[test_set] = seconds
-        print(f"{test_set}: BLEU {metrics[test_set]['bleu']:.2f}  chrF {metrics[test_set]['chrf']:.2f}  "
-              f"({len(sources)} sentences, {seconds:.0f} s)  {metrics[test_set]['signature']}", flush=True)
+        print(f"{test_set}: BLEU {tests[test_set]['bleu']:.2f}  chrF {tests[test_set]['chrf']:.2f}  "
+              f"({len(sources)} sentences, {seconds:.0f} s)  {tests[test_set]['signature']}", flush=True)
         if data.dataset.startswith("wmt"):
-            metrics[test_set].update(paper_score(hypotheses, references, data.tgt_lang))
-            print(f"{test_set}: {PAPER_KEY} {metrics[test_set][PAPER_KEY]:.2f}, as the paper measured BLEU "
-                  f"(not sacreBLEU): {metrics[test_set][PAPER_KEY + '_description']}", flush=True)
+            tests[test_set].update(paper_score(hypotheses, references, data.tgt_lang))
+            print(f"{test_set}: {PAPER_KEY} {tests[test_set][PAPER_KEY]:.2f}, as the paper measured BLEU "
+                  f"(not sacreBLEU): {tests[test_set][PAPER_KEY + '_description']}", flush=True)
         if test_set == data.test_sets[0] and e.attention_sentences:
             draw_attention(translator, sources, e.attention_sentences, paths.ATTENTION_DIR)
 
@@ -142,22 +171,24 @@ def evaluate(params: Sections) -> dict[str, Any]:
            "translated_by": source}
     if source == "evaluate":
         decode_seconds[data.valid_set] = seconds
-    metrics[DEV] = {data.valid_set: dev}
     print(f"{data.valid_set} (validation): BLEU {dev['bleu']:.2f}  chrF {dev['chrf']:.2f}  ({len(sources)} "
           f"sentences, {'from the tune stage' if source == 'tune' else f'{seconds:.0f} s'})", flush=True)
-    metrics[DECODING] = {**decoding.as_dict(), "max_len_b": e.max_len_b, "precision": e.precision}
-    write_json(paths.METRICS, metrics)
+    detail = {TEST: tests, DEV: {data.valid_set: dev},
+              DECODING: {**decoding.as_dict(), "max_len_b": e.max_len_b, "precision": e.precision}}
+    write_json(EVALUATE_SCORES, detail)
+    write_json(paths.METRICS, headline(detail))
 
     if record_run:
-        track(params, metrics, decoding, time.monotonic() - start_all, model_sha256, decode_seconds)
-    return metrics
+        track(params, detail, decoding, time.monotonic() - start_all, model_sha256, decode_seconds)
+    return detail
 
 
 def track(params: Sections, metrics: dict[str, Any], decoding: Decoding, seconds: float, model_sha256: str,
           decode_seconds: dict[str, float] | None = None) -> None:
-    """Log scores, the decoding settings (tags), attention maps, translations and the registered
-    pyfunc model (whose signature carries the beam size and alpha used) into the run that the tune
-    stage logged into (the model's, or its child), else the model's own run."""
+    """Log scores (``metrics``: ``reports/evaluate/scores.json``), the decoding settings (tags),
+    attention maps, translations and the registered pyfunc model (whose signature carries the beam
+    size and alpha used) into the run that the tune stage logged into (the model's, or its child),
+    else the model's own run."""
     from mlflow.entities import RunTag
 
     from pipeline.serving.mlflow_model import log_translator
@@ -189,7 +220,7 @@ def track(params: Sections, metrics: dict[str, Any], decoding: Decoding, seconds
     runs.log_metrics(run_id, values)
     runs.log_artifacts(run_id, [paths.ATTENTION_DIR], "attention")
     runs.log_artifacts(run_id, [paths.TRANSLATIONS_DIR], "translations")
-    runs.log_artifacts(run_id, [Path("params.yaml"), Path("dvc.lock"), paths.METRICS], "run")
+    runs.log_artifacts(run_id, [Path("params.yaml"), Path("dvc.lock"), paths.METRICS, EVALUATE_SCORES], "run")
     version = store.best_effort("model logging", log_translator, run_id, paths.AVERAGED_MODEL,
                                    paths.TOKENIZER_MODEL, params.tracking.registered_model, decoding.as_dict())
     if version:

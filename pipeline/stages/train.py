@@ -21,6 +21,15 @@ is an environment variable, not a params.yaml key, because it changes nothing in
 It must exceed the longest time rank 0 works alone while the others wait in their next
 all-reduce: validation and writing a checkpoint (gloo's own default, 30 minutes, would leave a
 host hanging that long).
+
+Writes ``reports/train_metrics.json``, the DVC metric, what ``dvc metrics show`` prints
+(docs/metrics.md)::
+
+    {"steps", "epochs", "parameters", "valid_ppl"}   # updates, epochs begun, model size, final val ppl
+
+what the run reached, never how long it took (that goes to MLflow and the console). The final
+validation's loss and NLL are the last row of ``reports/valid_curve.csv`` (a DVC plot), every logged
+value the curves and the MLflow run.
 """
 
 from __future__ import annotations
@@ -174,8 +183,8 @@ def train(callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
     start = time.monotonic()
     valid = trainer.train()
     # A DVC metric: what the run reached, never how long it took (that goes to MLflow and the console).
-    summary = {"steps": trainer.step, "epochs": trainer.epoch,
-               "parameters": model.num_parameters(), **{k.replace("/", "_"): v for k, v in valid.items()}}
+    summary = {"steps": trainer.step, "epochs": trainer.epoch, "parameters": model.num_parameters(),
+               **({"valid_ppl": valid["valid/ppl"]} if "valid/ppl" in valid else {})}   # none: stopped before
     if rank == 0:
         write_json(paths.TRAIN_METRICS, summary)
         print(f"trained {trainer.step} steps in {time.monotonic() - start:.1f} s: {summary}", flush=True)

@@ -10,12 +10,22 @@ The rule: the highest validation BLEU (sacrebleu, to 0.01 as reported); ties go 
 beam size, then to the smaller alpha, then to fairseq's stopping rule before the exact one (the
 cheaper search, the milder length bonus, the earlier stop).
 
-Writes ``reports/tune.json`` (a DVC metric: the choice, the rule, every grid point's BLEU, chrF and
-length ratio), ``reports/tune/<valid_set>.<tgt_lang>`` (the validation translations with the chosen
-settings, which the evaluate stage reuses) and ``reports/tune/run.json`` (the model's hash and the
-settings); logs ``tune.*`` params, ``valid_bleu``, the grid as a table and the decoding times into
-the model's MLflow run (found by the model's sha256), which it tags as the run tune logged into.
-Times never go into the files: they are DVC outputs, and follow from the model and params alone.
+Writes (docs/metrics.md)
+
+- ``reports/tune.json``, the DVC metric, what ``dvc metrics show`` prints::
+
+    {"chosen": {"beam_size", "alpha", "stopping"},   # what evaluate's null settings take
+     "valid_bleu": <sacreBLEU of the chosen point on data.valid_set>}
+
+- in ``reports/tune/`` (a DVC output): ``scores.json``, the detail (``valid_set``, ``sentences``, the
+  ``rule``, ``chosen`` with its BLEU, chrF and length ratio, the sacreBLEU ``signature`` and the whole
+  ``grid``: every point's settings, BLEU, chrF and length ratio); ``<valid_set>.<tgt_lang>``, the
+  validation translations with the chosen settings, which the evaluate stage reuses; ``run.json``,
+  the model's hash and the settings they were decoded with;
+
+and logs ``tune.*`` params, ``valid_bleu``, the grid as a table and the decoding times into the
+model's MLflow run (found by the model's sha256), which it tags as the run tune logged into. Times
+never go into the files: they are DVC outputs, and follow from the model and params alone.
 """
 
 from __future__ import annotations
@@ -31,9 +41,10 @@ from pipeline.config.decoding_sections import EvaluateParams, TuneParams
 from pipeline.config.loader import Sections, load_sections
 from pipeline.config.tracking import TrackingParams
 from pipeline.data.text_files import read_lines
+from pipeline.scoring.reports import TUNE_DIR, TUNE_RUN, TUNE_SCORES
 from pipeline.scoring.sacrebleu_scores import score
 from pipeline.serving.decoding import TUNE_REPORT
-from pipeline.serving.split_decoding import TUNE_DIR, TUNE_RUN, build_translator, load_averaged, split_files
+from pipeline.serving.split_decoding import build_translator, load_averaged, split_files
 from pipeline.serving.translator import Translator
 from pipeline.stages.runner import run_stage
 from transformer.atomic import write_json, write_lines
@@ -42,6 +53,7 @@ from transformer.checkpoint import file_sha256
 RULE = ("highest validation BLEU; ties: the smaller beam size, then the smaller alpha, then the fairseq "
         "stopping rule before the exact one")
 CHEAPER_FIRST = {"fairseq": 0, "exact": 1}   # of two stopping rules, the one that stops sooner
+SETTINGS = ("beam_size", "alpha", "stopping")   # a grid point's settings: reports/tune.json's "chosen"
 Point = tuple[int, float, str]               # beam size, alpha, stopping rule
 
 
@@ -59,6 +71,11 @@ def choose(points: list[dict[str, Any]]) -> dict[str, Any]:
     then the stopping rule that stops sooner."""
     return min(points, key=lambda p: (-round(p["bleu"], 2), p["beam_size"], p["alpha"],
                                       CHEAPER_FIRST[p["stopping"]]))
+
+
+def headline(report: dict[str, Any]) -> dict[str, Any]:
+    """``reports/tune.json`` from ``reports/tune/scores.json``: the chosen settings and their BLEU."""
+    return {"chosen": {k: report["chosen"][k] for k in SETTINGS}, "valid_bleu": report["chosen"]["bleu"]}
 
 
 def search(translator: Translator, sources: list[str], references: list[str], points: list[Point],
@@ -99,12 +116,13 @@ def tune(params: Sections) -> dict[str, Any]:
     best = outputs[(chosen["beam_size"], chosen["alpha"], chosen["stopping"])]
     signature = score(best, references)["signature"]
     report = {"valid_set": data.valid_set, "sentences": len(sources), "rule": RULE,
-              "chosen": {k: chosen[k] for k in ("beam_size", "alpha", "stopping", "bleu", "chrf", "length_ratio")},
+              "chosen": {k: chosen[k] for k in (*SETTINGS, "bleu", "chrf", "length_ratio")},
               "signature": signature, "grid": points}
     write_lines(TUNE_DIR / f"{data.valid_set}.{data.tgt_lang}", best)
 
     model_sha256 = file_sha256(paths.AVERAGED_MODEL)
-    write_json(TUNE_REPORT, report)
+    write_json(TUNE_SCORES, report)
+    write_json(TUNE_REPORT, headline(report))
     write_json(TUNE_RUN, {"model_sha256": model_sha256, "valid_set": data.valid_set, "sentences": len(sources),
                           "beam_size": chosen["beam_size"], "alpha": chosen["alpha"], "stopping": chosen["stopping"],
                           "max_len_b": e.max_len_b, "batch_sentences": e.batch_sentences, "precision": e.precision})
@@ -127,7 +145,7 @@ def record(params: Sections, chosen: dict[str, Any], report: dict[str, Any], mod
     model_run = links.find_run(links.LINK_MODEL, model_sha256, params.tracking.experiment)
     run_id = runs.stage_run(model_run, params.tracking.experiment, section, "tune")
     links.link_run(run_id, links.LINK_TUNED, model_sha256)   # evaluate logs into the same run
-    runs.log_tune(run_id, report, TUNE_REPORT, seconds, times)
+    runs.log_tune(run_id, report, [TUNE_REPORT, TUNE_SCORES], seconds, times)
     if run_id and run_id != model_run:
         runs.finish_run(run_id)   # a child run of its own (tune params changed); evaluate logs into it too
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pipeline.scoring.reports import TEST
 from pipeline.tracking.store import client
 
 # What each data set's text is: the card's domain limit. Unknown data sets get a generic line.
@@ -46,9 +47,10 @@ def _duration(seconds: Any) -> str:
 
 
 def scores_of_test_sets(metrics: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """The test sets' entries of the evaluate stage's ``metrics.json``: those with a BLEU score and
-    its signature (not the ``dev`` and ``decoding`` entries)."""
-    return {k: v for k, v in metrics.items() if isinstance(v, Mapping) and "bleu" in v and "signature" in v}
+    """The test sets' entries of the evaluate stage's ``reports/evaluate/scores.json`` (its ``test``
+    mapping): those with a BLEU score and its signature."""
+    tests = metrics.get(TEST) or {}
+    return {k: v for k, v in tests.items() if isinstance(v, Mapping) and "bleu" in v and "signature" in v}
 
 
 def model_card(name: str, version: str, run: Any, *, metrics: Mapping[str, Any], decoding: Mapping[str, Any],
@@ -58,7 +60,8 @@ def model_card(name: str, version: str, run: Any, *, metrics: Mapping[str, Any],
 
     Args:
         run: the MLflow run (params, tags and metrics of train, average and evaluate).
-        metrics: the evaluate stage's ``reports/metrics.json`` (scores, signatures, ``dev``).
+        metrics: the evaluate stage's ``reports/evaluate/scores.json`` (``test`` and ``dev`` scores,
+            signatures).
         decoding: beam_size, alpha, max_len_b, precision (and ``*_from``: where each came from).
         model_config: the checkpoint's ``model_config``.
         corpus_stats: ``data/corpus/stats.json`` of the download stage (cleaning counts, sources).

@@ -91,12 +91,13 @@ def _set_terminated(run_id: str, status: str) -> bool:
     return True
 
 
-def log_tune(run_id: str | None, report: Mapping[str, Any], report_file: Path, seconds: float,
+def log_tune(run_id: str | None, report: Mapping[str, Any], report_files: list[Path], seconds: float,
              point_seconds: Iterable[float] = ()) -> None:
     """The tune stage's record in ``run_id``: ``valid_bleu`` (validation BLEU of the chosen beam size
     and alpha: what sweeps rank runs by), the chosen point's chrF and length ratio, the whole grid as
     a table artifact (``tune/grid.json``, read back by ``MlflowClient.load_table``; with each point's
-    decoding time, which the report file leaves out) and ``report_file``."""
+    decoding time, which the report files leave out) and ``report_files``. ``report``: the detail,
+    ``reports/tune/scores.json``."""
     if not run_id:
         return
     chosen = report["chosen"]
@@ -108,4 +109,4 @@ def log_tune(run_id: str | None, report: Mapping[str, Any], report_file: Path, s
     if grid:
         table = {key: [point[key] for point in grid] for key in grid[0]}
         best_effort("table", client().log_table, run_id, table, "tune/grid.json")
-    log_artifacts(run_id, [report_file], "tune")
+    log_artifacts(run_id, report_files, "tune")

@@ -95,7 +95,8 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Workspace:
     assert ws.first_run.returncode == 0, ws.first_run.stdout[-3000:] + ws.first_run.stderr[-3000:]
     ws.first_lock = (path / "dvc.lock").read_text()
     ws.first_params = (path / "params.yaml").read_text()
-    ws.first_outputs = {str(f.relative_to(path)): f.read_text() for f in (path / "reports").glob("*.*")}
+    ws.first_outputs = {str(f.relative_to(path)): f.read_text()
+                        for pattern in ("*.*", "*/*.json") for f in (path / "reports").glob(pattern)}
     ws.run("git", "add", "-A")
     ws.run("git", "commit", "-qm", "first run")
     ws.second_repro = ws.dvc("repro")

@@ -33,10 +33,14 @@ def test_evaluate_param_reruns_only_evaluate(beam1_experiment):
 
 def test_metrics_and_plots_commands(workspace, beam1_experiment):
     show = workspace.dvc("metrics", "show")
-    assert show.returncode == 0 and "test_2016_flickr.bleu" in show.stdout
-    assert "chosen.alpha" in show.stdout and "decoding.alpha_from" in show.stdout
+    assert show.returncode == 0 and "test.test_2016_flickr.bleu" in show.stdout
+    assert "chosen.alpha" in show.stdout and "decoding.alpha" in show.stdout and "valid_ppl" in show.stdout
+    # a few headline columns (docs/metrics.md); signatures, the grid and each setting's source are detail
+    header = show.stdout.splitlines()[0].split()
+    assert len(header) <= 16 and not any(k in show.stdout for k in ("signature", "_from", "rule", "grid")), header
     metrics = json.loads((workspace.path / "reports/metrics.json").read_text())
-    assert (metrics["decoding"]["beam_size"], metrics["decoding"]["beam_size_from"]) == (1, "params")
+    detail = json.loads((workspace.path / "reports/evaluate/scores.json").read_text())
+    assert metrics["decoding"]["beam_size"] == 1 and detail["decoding"]["beam_size_from"] == "params"
     diff = workspace.dvc("metrics", "diff")
     assert diff.returncode == 0
     plots = workspace.dvc("plots", "show", "-o", "plots_html")
@@ -65,12 +69,12 @@ def test_tune_params_rerun_tune_and_evaluate_and_explicit_settings_win(workspace
     assert repro(evaluate={"beam_size": None}, tune={"beam_sizes": [1, 2], "alphas": [1.0, 0.6],
                                                     "max_sentences": 200}) == [
         "Running stage 'tune':", "Running stage 'evaluate':"]
-    report = json.loads((copy / "reports/tune.json").read_text())
+    report = json.loads((copy / "reports/tune/scores.json").read_text())
     assert [(p["beam_size"], p["alpha"], p["stopping"]) for p in report["grid"]] == [
         (1, 0.6, "exact"), (2, 0.6, "exact"), (2, 0.6, "fairseq"), (2, 1.0, "exact"), (2, 1.0, "fairseq")]
     assert report["sentences"] == 200
-    metrics = json.loads((copy / "reports/metrics.json").read_text())
-    chosen = report["chosen"]
+    metrics = json.loads((copy / "reports/evaluate/scores.json").read_text())
+    chosen = json.loads((copy / "reports/tune.json").read_text())["chosen"]
     assert {k: metrics["decoding"][k] for k in ("beam_size", "alpha", "stopping", "beam_size_from", "alpha_from",
                                                  "stopping_from")} == {
         "beam_size": chosen["beam_size"], "alpha": chosen["alpha"], "stopping": chosen["stopping"],
@@ -79,7 +83,7 @@ def test_tune_params_rerun_tune_and_evaluate_and_explicit_settings_win(workspace
     assert metrics["dev"]["val"]["sentences"] == 1014 and metrics["dev"]["val"]["translated_by"] == "evaluate"
 
     assert repro(evaluate={"beam_size": 3, "alpha": 0.8}) == ["Running stage 'evaluate':"]
-    metrics = json.loads((copy / "reports/metrics.json").read_text())
+    metrics = json.loads((copy / "reports/evaluate/scores.json").read_text())
     assert {k: metrics["decoding"][k] for k in ("beam_size", "alpha", "beam_size_from", "alpha_from")} == {
         "beam_size": 3, "alpha": 0.8, "beam_size_from": "params", "alpha_from": "params"}
 
@@ -108,7 +112,8 @@ def test_a_fresh_run_of_the_same_commit_gives_the_same_lock_file(workspace, tmp_
         assert again["stages"][stage]["outs"] == record["outs"], f"stage {stage}: outputs differ"
     assert (path / "dvc.lock").read_text() == workspace.first_lock
     # nothing DVC tracks holds a time or a speed
-    for name in ("reports/train_metrics.json", "reports/tune.json", "reports/metrics.json", "reports/tune/run.json"):
+    for name in ("reports/train_metrics.json", "reports/tune.json", "reports/metrics.json", "reports/tune/run.json",
+                 "reports/tune/scores.json", "reports/evaluate/scores.json"):
         text = (path / name).read_text()
         assert "seconds" not in text and "mlflow_run_id" not in text, name
     assert "tokens_per_s" not in (path / "reports/train_curve.csv").read_text()

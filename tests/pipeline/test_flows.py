@@ -123,13 +123,14 @@ def test_training_flow_runs_the_stages_and_returns_the_metrics(trained, ws):
 
     metrics = trained.result()
     assert metrics == json.loads((ws / "reports" / "metrics.json").read_text())
-    assert set(metrics) == {"test_2016_flickr", "dev", "decoding"} and 0 <= metrics["test_2016_flickr"]["bleu"] <= 100
+    assert set(metrics) == {"test", "dev", "decoding"} and 0 <= metrics["test"]["test_2016_flickr"]["bleu"] <= 100
     tuned = json.loads((ws / "reports" / "tune.json").read_text())["chosen"]
-    assert metrics["decoding"]["alpha"] == tuned["alpha"] and metrics["decoding"]["alpha_from"] == "tune"
+    detail = json.loads((ws / "reports" / "evaluate" / "scores.json").read_text())
+    assert metrics["decoding"]["alpha"] == tuned["alpha"] and detail["decoding"]["alpha_from"] == "tune"
     (artifact,) = artifacts("training-metrics", trained.state_details.flow_run_id)
     assert artifact.type == "markdown" and "| test_2016_flickr | test |" in artifact.data
     assert "| val | validation |" in artifact.data and "(params), alpha" in artifact.data
-    assert f"{metrics['test_2016_flickr']['bleu']}" in artifact.data
+    assert f"{metrics['test']['test_2016_flickr']['bleu']}" in artifact.data
     # the stages' own output streamed into the task logs, tune between average and evaluate
     logs = run_logs(flow_run_id=trained.state_details.flow_run_id)
     assert "Running stage 'train':" in logs and any(line.startswith("averaged 3 checkpoint(s)") for line in logs)

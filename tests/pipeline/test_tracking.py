@@ -78,7 +78,7 @@ def test_attention_artifacts_decode_as_images(run, tmp_path):
     local = client.download_artifacts(r.info.run_id, names[0], str(tmp_path))
     assert mpimg.imread(local).ndim == 3
     run_files = {Path(a.path).name for a in client.list_artifacts(r.info.run_id, "run")}
-    assert {"params.yaml", "dvc.lock", "metrics.json"} <= run_files
+    assert {"params.yaml", "dvc.lock", "metrics.json", "scores.json"} <= run_files
 
 
 def test_registered_model_translates_through_pyfunc(run, workspace):

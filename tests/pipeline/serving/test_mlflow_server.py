@@ -89,11 +89,11 @@ def _train_and_register(root: Path, uri: str) -> tuple[str, Path, Path]:
     # The evaluate stage's params, as stage_run logs them into the training run.
     log_params(client, callback.run_id, {"evaluate.max_len_b": 12, "evaluate.precision": "fp32",
                                                   "evaluate.batch_sentences": 64})
-    metrics = root / "metrics.json"
-    metrics.write_text(json.dumps({"test_2016_flickr": {"bleu": 1.5, "chrf": 12.25, "sentences": 1000,
-                                                        "signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp"
-                                                                     "|version:2.6.0",
-                                                        "chrf_signature": "nrefs:1|case:mixed|eff:yes|nc:6"},
+    metrics = root / "scores.json"   # as the evaluate stage's reports/evaluate/scores.json
+    metrics.write_text(json.dumps({"test": {"test_2016_flickr": {
+                                       "bleu": 1.5, "chrf": 12.25, "sentences": 1000,
+                                       "signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
+                                       "chrf_signature": "nrefs:1|case:mixed|eff:yes|nc:6"}},
                                    "dev": {"val": {"bleu": 1.75, "chrf": 13.0}}}))
     for _ in range(2):
         log_translator(callback.run_id, root / "model.pt", root / "spm.model", NAME, {"beam_size": 2, "alpha": 0.6},

@@ -8,9 +8,9 @@ import sacrebleu
 
 
 def test_metrics_match_sacrebleu_on_the_written_translations(workspace):
-    metrics = json.loads((workspace.path / "reports/metrics.json").read_text())
-    assert [k for k in metrics if k not in ("dev", "decoding")] == ["test_2016_flickr"]
-    m = metrics["test_2016_flickr"]
+    detail = json.loads((workspace.path / "reports/evaluate/scores.json").read_text())
+    assert list(detail["test"]) == ["test_2016_flickr"]
+    m = detail["test"]["test_2016_flickr"]
     hyps = (workspace.path / "reports/translations/test_2016_flickr.de").read_text().splitlines()
     refs = (workspace.path / "data/corpus/test_2016_flickr.de").read_text().splitlines()
     assert len(hyps) == len(refs) == m["sentences"] == 1000
@@ -18,6 +18,17 @@ def test_metrics_match_sacrebleu_on_the_written_translations(workspace):
     assert m["chrf"] == round(sacrebleu.corpus_chrf(hyps, [refs]).score, 2)
     assert m["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
     assert "chrf_signature" in m
+
+
+def test_the_metric_file_is_the_details_headline(workspace):
+    """reports/metrics.json (what `dvc metrics show` prints) holds per set BLEU and chrF and the decoding
+    settings used, each equal to its detail in reports/evaluate/scores.json; nothing else."""
+    metrics = json.loads((workspace.path / "reports/metrics.json").read_text())
+    detail = json.loads((workspace.path / "reports/evaluate/scores.json").read_text())
+    assert set(metrics) == set(detail) == {"test", "dev", "decoding"}
+    for group in ("test", "dev"):
+        assert metrics[group] == {name: {"bleu": m["bleu"], "chrf": m["chrf"]} for name, m in detail[group].items()}
+    assert metrics["decoding"] == {k: detail["decoding"][k] for k in ("beam_size", "alpha", "stopping")}
 
 
 def test_attention_heatmaps_for_every_kind_and_layer(workspace):
@@ -30,15 +41,15 @@ def test_attention_heatmaps_for_every_kind_and_layer(workspace):
     assert image.ndim == 3 and image.shape[0] > 50 and image.shape[1] > 50
 
 
-def first_run_metrics(workspace) -> dict:
-    """reports/metrics.json of the session's first `dvc repro` (later experiments change the file)."""
-    return json.loads(workspace.first_outputs["reports/metrics.json"])
+def first_run_detail(workspace) -> dict:
+    """reports/evaluate/scores.json of the session's first `dvc repro` (later experiments change it)."""
+    return json.loads(workspace.first_outputs["reports/evaluate/scores.json"])
 
 
 def test_decoding_settings_and_their_sources_are_recorded(workspace):
     """The tiny params set evaluate.beam_size (2) and leave evaluate.alpha and evaluate.stopping null:
     beam from params, alpha and stopping rule from the tune stage's choice on the validation set."""
-    metrics = first_run_metrics(workspace)
+    metrics = first_run_detail(workspace)
     tuned = json.loads(workspace.first_outputs["reports/tune.json"])["chosen"]
     assert metrics["decoding"] == {"beam_size": 2, "beam_size_from": "params", "alpha": tuned["alpha"],
                                    "alpha_from": "tune", "stopping": tuned["stopping"], "stopping_from": "tune",
@@ -48,10 +59,10 @@ def test_decoding_settings_and_their_sources_are_recorded(workspace):
 def test_validation_translations_for_the_gate(workspace):
     """The validation set, translated with the settings used on the test sets (here not tune's beam 4,
     so decoded by evaluate), is scored under "dev", never among the test sets."""
-    metrics = json.loads((workspace.path / "reports/metrics.json").read_text())
+    metrics = json.loads((workspace.path / "reports/evaluate/scores.json").read_text())
     dev = metrics["dev"]["val"]
     hyps = (workspace.path / "reports/translations/val.de").read_text().splitlines()
     refs = (workspace.path / "data/corpus/val.de").read_text().splitlines()
     assert dev["sentences"] == len(hyps) == len(refs) == 1014 and dev["translated_by"] == "evaluate"
     assert dev["bleu"] == round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2)
-    assert set(metrics) == {"test_2016_flickr", "dev", "decoding"}
+    assert set(metrics) == {"test", "dev", "decoding"} and list(metrics["test"]) == ["test_2016_flickr"]

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import yaml
 
 from transformer.checkpoint import load_checkpoint
@@ -30,6 +31,9 @@ def test_checkpoints_curves_and_metrics(workspace):
     assert [int(r["step"]) for r in valid] == [20, 40]
     metrics = json.loads((workspace.path / "reports/train_metrics.json").read_text())
     assert metrics["steps"] == 40 and metrics["parameters"] > 0 and "train_seconds" not in metrics
+    # the headline (docs/metrics.md): the final validation's loss and NLL are the curve's last row
+    assert set(metrics) == {"steps", "epochs", "parameters", "valid_ppl"}
+    assert float(valid[-1]["ppl"]) == pytest.approx(metrics["valid_ppl"], rel=1e-5)   # the CSV's 6 digits
     state = load_checkpoint(workspace.path / "models/checkpoints/checkpoint_00000040.pt")
     assert state["step"] == 40 and state["model_config"]["vocab_size"] == 400
     # no run id and no wall time in a checkpoint of a run limited by updates (a DVC output)

@@ -47,7 +47,7 @@ def test_rule_highest_bleu_then_smaller_beam_then_smaller_alpha_then_the_sooner_
 
 
 def test_report_chosen_translations_and_run_record(workspace):
-    report = json.loads((workspace.path / "reports/tune.json").read_text())
+    report = json.loads((workspace.path / "reports/tune/scores.json").read_text())
     assert report["valid_set"] == "val" and report["sentences"] == 1014 and report["rule"] == RULE
     # the workspace's grid (params.yaml's beam sizes and stopping rules, two alphas), every point scored;
     # no time in the report (a DVC output): decoding times go to MLflow's table below
@@ -58,6 +58,9 @@ def test_report_chosen_translations_and_run_record(workspace):
     chosen = choose(report["grid"])
     assert report["chosen"] == {k: chosen[k] for k in ("beam_size", "alpha", "stopping", "bleu", "chrf",
                                                         "length_ratio")}
+    # the DVC metric (`dvc metrics show`): the chosen settings, which evaluate and serving read, and their BLEU
+    assert json.loads((workspace.path / "reports/tune.json").read_text()) == {
+        "chosen": {k: chosen[k] for k in ("beam_size", "alpha", "stopping")}, "valid_bleu": chosen["bleu"]}
     # the validation translations with the chosen settings, scored as reported
     hyps = (workspace.path / "reports/tune/val.de").read_text().splitlines()
     refs = (workspace.path / "data/corpus/val.de").read_text().splitlines()
