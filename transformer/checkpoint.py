@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import sys
 import zipfile
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,8 +19,31 @@ from .model import Transformer
 
 
 def save_checkpoint(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None:
-    """Atomically save a checkpoint made only of tensors, numbers, strings, lists and dicts."""
+    """Atomically save a checkpoint made only of tensors, numbers, strings, lists and dicts.
+
+    Its bytes are a function of its values alone (``canonical``): a resumed training writes the
+    bytes of an uninterrupted one, and DVC sees the same outputs."""
+    checkpoint = canonical(checkpoint)
     atomic_write(path, lambda f: torch.save(checkpoint, f))
+
+
+def canonical(value: Any) -> Any:
+    """``value`` with every string interned (containers rebuilt, tensors as they are).
+
+    Pickle writes a string once per object and refers back to it after: equal strings that are
+    one object in a resumed run (the curves' column names, unpickled from the checkpoint) and
+    separate objects in an uninterrupted run would give other bytes for the same values.
+    """
+    if isinstance(value, str):
+        return sys.intern(value)
+    if type(value) in (dict, OrderedDict):
+        out = type(value)((canonical(k), canonical(v)) for k, v in value.items())
+        if hasattr(value, "_metadata"):   # a module's state_dict: the versions load_state_dict reads
+            out._metadata = canonical(value._metadata)
+        return out
+    if type(value) in (list, tuple):
+        return type(value)(canonical(v) for v in value)
+    return value
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -83,33 +108,66 @@ def load_state(model: Transformer, state: dict[str, torch.Tensor], source: str =
     model.load_state_dict(state)
 
 
+def tied_names(config: ModelConfig) -> dict[str, str]:
+    """Each key of the state dict of a ``Transformer`` of ``config`` mapped to the first key of the
+    same parameter: §3.4 ties the pre-softmax projection to the target embedding (and, with
+    ``share_embeddings``, to the source embedding). Built on the meta device: nothing is allocated."""
+    with torch.device("meta"):
+        state = Transformer(config).state_dict(keep_vars=True)
+    first: dict[int, str] = {}
+    return {name: first.setdefault(id(tensor), name) for name, tensor in state.items()}
+
+
 def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict[str, Any]:
     """Checkpoint averaging (§6.1): the element-wise mean of the models of ``paths``
     (the paper averages the last 5 checkpoints for base models, the last 20 for big ones).
 
     Returns a model checkpoint: ``model_config``, the averaged ``model`` state and ``averaged_from``
-    (the paths). Nothing else: the same checkpoints always give the same bytes.
+    (the paths). Nothing else: the same checkpoints always give the same bytes. Tied weights
+    (``tied_names``) are averaged once and are one tensor under all their keys, as in a training
+    checkpoint: ``torch.save`` then stores the matrix once and ``torch.load`` gives back one storage
+    under every key. Files that hold equal copies instead (averaged models written before) are
+    averaged alike, their copies checked equal.
     """
     if not paths:
         raise CheckpointError("no checkpoints to average")
     total: dict[str, torch.Tensor] = {}
     dtypes: dict[str, torch.dtype] = {}
     config = None
+    tied: dict[str, str] = {}
     for path in paths:
         ckpt = load_checkpoint(path)
         require_model_entries(ckpt, str(path))
         if config is None:
             config = ckpt["model_config"]
+            tied = tied_names(ModelConfig.from_dict(config))
         elif ckpt["model_config"] != config:
             differ = describe_differences(config_differences(ckpt["model_config"], ModelConfig.from_dict(config)))
             raise CheckpointError(f"{path} has a different model config from {paths[0]}: {differ}")
-        for name, tensor in ckpt["model"].items():
+        state = ckpt["model"]
+        for name, tensor in state.items():
+            owner = tied.get(name, name)
+            if owner != name and owner in state:
+                if not _same_values(tensor, state[owner]):
+                    raise CheckpointError(f"{path}: {name} differs from {owner}, which §3.4 ties it to")
+                continue   # one matrix, added once
             if name in total:
                 total[name] += tensor.double()
             else:
                 total[name], dtypes[name] = tensor.double().clone(), tensor.dtype
-    averaged = {name: (t / len(paths)).to(dtypes[name]) for name, t in total.items()}
+    averaged: dict[str, torch.Tensor] = {}
+    for name in state:   # the last file's keys, in its order (the config, hence the keys, are the same)
+        owner = tied.get(name, name)
+        averaged[name] = averaged[owner] if owner in averaged else (total[name] / len(paths)).to(dtypes[name])
     return {"model_config": config, "model": averaged, "averaged_from": [str(p) for p in paths]}
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors hold the same values: at once when they are one view of one storage."""
+    if (a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a.storage_offset() == b.storage_offset()
+            and a.shape == b.shape and a.stride() == b.stride()):
+        return True
+    return a.shape == b.shape and torch.equal(a, b)
 
 
 def config_differences(checkpoint_config: dict[str, Any], config: ModelConfig) -> dict[str, tuple[Any, Any]]:
