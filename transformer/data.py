@@ -205,10 +205,21 @@ class TokenBatchSampler:
         if max_positions is not None:
             keep &= longest <= max_positions
         self.indices = np.nonzero(keep)[0]
+        # Pairs too long for one batch (or for the model's positions): never trained on. The
+        # Trainer reports their number (a log line, and in the metrics ``train()`` returns).
         self.skipped = int((~keep).sum())
 
     def batches(self, epoch: int) -> list[np.ndarray]:
         """All batches of ``epoch`` for this rank, in training order."""
+        batches = self.all_batches(epoch)
+        if self.world_size > 1:
+            usable = len(batches) - len(batches) % self.world_size
+            batches = batches[self.rank:usable:self.world_size]
+        return batches
+
+    def all_batches(self, epoch: int) -> list[np.ndarray]:
+        """The batches of ``epoch`` for all ranks together, in training order (rank r takes every
+        world_size-th of them from the r-th on, and the last ``len % world_size`` none)."""
         rng = np.random.default_rng([self.seed, epoch])
         idx = self.indices
         if self.shuffle:
@@ -230,10 +241,27 @@ class TokenBatchSampler:
             batches.append(idx[start:])
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
-        if self.world_size > 1:
-            usable = len(batches) - len(batches) % self.world_size
-            batches = batches[self.rank:usable:self.world_size]
         return batches
+
+    def require_updates(self, update_freq: int, epoch: int = 0) -> None:
+        """``ValueError`` naming the knobs when ``epoch`` has fewer batches than one update takes
+        (``update_freq`` on each of ``world_size`` processes): a training limited by updates alone
+        would otherwise run through empty epochs forever."""
+        needed = update_freq * self.world_size
+        # A batch holds at most max_tokens padded tokens and a pair needs at least its own width:
+        # that many tokens guarantee that many batches, without cutting the epoch (millions of pairs).
+        if int(self.widths[self.indices].sum()) >= self.max_tokens * needed:
+            return
+        batches = len(self.all_batches(epoch))
+        if batches >= needed:
+            return
+        raise ValueError(
+            f"an epoch of the training data yields no update: {len(self.widths):,} pairs ({self.skipped:,} "
+            f"skipped as longer than TrainConfig.max_tokens or the model's max_positions) make {batches} "
+            f"batch(es) of at most TrainConfig.max_tokens={self.max_tokens} tokens, and an update takes "
+            f"TrainConfig.update_freq={update_freq} x {self.world_size} process(es) = {needed}: lower "
+            "TrainConfig.max_tokens or TrainConfig.update_freq, train with fewer processes, or on more pairs "
+            "(the pipeline's data.limit_train_pairs)")
 
     def padding_fraction(self, epoch: int = 0) -> float:
         """Pad tokens / all tokens of both sides (with BOS/EOS, padded as ``collate`` pads) over

@@ -2,8 +2,10 @@
 
 The Trainer knows nothing of trackers: the pipeline observes it through ``TrainerCallback``.
 It runs on CUDA when present, else CPU, and under ``torchrun`` (DDP) without change.
-Resume is exact: model, optimiser, schedule, RNG states and the position in the data
-are all in the checkpoint, and the data order is a pure function of (seed, epoch).
+Resume is exact: model, optimiser, schedule, RNG states, the position in the data and the
+open log window are all in the checkpoint, and the data order is a pure function of (seed, epoch).
+A training stopped early (a signal, or the clock before its length) resumes to the outputs of an
+uninterrupted one, byte for byte: see ``Trainer.train`` for the rule.
 Fine-tuning: ``TrainConfig.init_from`` starts a new training from another model's weights.
 """
 
@@ -11,11 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import math
 import os
-import re
-import signal
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -25,34 +24,31 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .checkpoint import init_weights, load_checkpoint, load_state, save_checkpoint
+from .checkpoint import init_weights, load_state, save_checkpoint
+from .checkpoint_files import (  # noqa: F401  (API: the pipeline lists checkpoints through the trainer)
+    CHECKPOINT_PATTERN,
+    checkpoint_name,
+    checkpoint_step,
+    list_checkpoints,
+    list_resume_points,
+)
 from .data import TokenBatchSampler, TokenStore, collate
 from .errors import CheckpointError, NonFiniteLossError, OutOfMemoryError  # noqa: F401  (API)
 from .loss import label_smoothed_cross_entropy
 from .model import Transformer
 from .precision import autocast, check_precision, default_device, resolve_precision
+from .resume import describe, differences, newest_checkpoint
 from .schedule import make_optimizer, make_scheduler
+from .stopping import StopVote, agree, stop_signals
 from .train_config import TrainConfig
+from .train_log import LogWindow
 
-CHECKPOINT_PATTERN = re.compile(r"checkpoint_(\d+)\.pt$")
 # TrainConfig fields that may change between a checkpoint and its resumption. ``init_from`` is a
 # path: what counts is the file's content, its sha256 (``Trainer.fingerprint``'s "init"), so a moved
 # copy of the same file resumes and other bytes at the same path restart.
 RESUMABLE_CHANGES = {"max_steps", "max_epochs", "max_minutes", "log_every", "validate_every",
                      "checkpoint_every_steps", "checkpoint_every_minutes", "keep_checkpoints", "device",
                      "compile", "nan_policy", "init_from"}
-
-
-def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> dict[str, tuple[Any, Any]]:
-    """Flattened keys whose values differ between two nested dicts."""
-    out: dict[str, tuple[Any, Any]] = {}
-    for key in sorted(set(old) | set(new)):
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out.update(_differences(a, b, f"{prefix}{key}."))
-        elif a != b:
-            out[f"{prefix}{key}"] = (a, b)
-    return out
 
 
 class TrainerCallback:
@@ -66,15 +62,6 @@ class TrainerCallback:
     def checkpoint_state(self) -> dict[str, Any]:
         """Extra (plain) values to store in each checkpoint, e.g. a tracking run id."""
         return {}
-
-
-def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
-    """Checkpoints in ``directory``, oldest (lowest step) first."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := CHECKPOINT_PATTERN.search(p.name))]
-    return [p for _, p in sorted(found)]
 
 
 def scaler_skipped(scale_before: float, scale_after: float) -> bool:
@@ -132,6 +119,7 @@ class Trainer:
             train_data.lengths["src"], train_data.lengths["tgt"], config.max_tokens, seed=config.seed,
             rank=self.rank, world_size=self.world_size, max_positions=model.config.max_positions,
             pad_multiple=config.pad_multiple)
+        self.sampler.require_updates(config.update_freq, epoch=0)   # before any work: else it never ends
         self.forward_model: nn.Module = model
         if self.world_size > 1:
             self.forward_model = nn.parallel.DistributedDataParallel(
@@ -142,7 +130,11 @@ class Trainer:
         self.epoch = 0
         self.batch_in_epoch = 0
         self.elapsed_seconds = 0.0  # training wall time (across resumes only with a max_minutes budget)
+        # A SIGTERM/SIGINT reached this process (set by the handler; once a stop is agreed, on every rank).
         self.stop_requested = False
+        self.stop_agreed = StopVote()   # the ranks' votes summed in the last update's all-reduce
+        self.stopped_early = False      # train() ended at a resume point, not at the training's length
+        self.window = LogWindow(self.device)
         self.last_valid: dict[str, float] = {}
         self.last_valid_step = -1
         self.resumed_from = ""   # the checkpoint resume() loaded, for messages
@@ -164,6 +156,8 @@ class Trainer:
             # limited by updates or epochs writes the same checkpoint bytes on every machine.
             "elapsed_seconds": self.elapsed_seconds if self.config.max_minutes else 0.0,
             "last_valid": self.last_valid, "last_valid_step": self.last_valid_step,
+            # The open log window, only when there is one: a checkpoint on the log grid is unchanged.
+            **({"log_window": window} if (window := self.window.state_dict()) is not None else {}),
             "rng_cpu": torch.get_rng_state(),
             "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
             "callbacks": extra,
@@ -180,6 +174,7 @@ class Trainer:
         # Absent from checkpoints written before they were saved: the step is then validated again.
         self.last_valid = dict(state.get("last_valid", {}))
         self.last_valid_step = state.get("last_valid_step", -1)
+        self.window.load_state_dict(state.get("log_window"))
         # load_checkpoint maps every tensor to the training device; RNG states must be CPU tensors.
         torch.set_rng_state(state["rng_cpu"].cpu())
         if torch.cuda.is_available() and state["rng_cuda"]:
@@ -209,7 +204,7 @@ class Trainer:
         When that checkpoint was made with another model, settings or data (see
         ``fingerprint``), ``on_change="error"`` raises ``ValueError`` naming the differences and
         ``on_change="restart"`` deletes the old checkpoints and returns None (a fresh start).
-        Under torchrun every rank resumes from the same checkpoint (``_newest_checkpoint``), and a
+        Under torchrun every rank resumes from the same checkpoint (``resume.newest_checkpoint``), and a
         rank whose settings or data differ from rank 0's raises ``ValueError`` on every rank.
         """
         if self.checkpoint_dir is None:
@@ -217,13 +212,13 @@ class Trainer:
         if self.rank == 0 and self.checkpoint_dir.is_dir():  # writes a kill cut short (atomic_write's temp files)
             for stale in self.checkpoint_dir.glob(".checkpoint_*.tmp"):
                 stale.unlink(missing_ok=True)
-        checkpoints = list_checkpoints(self.checkpoint_dir)
-        source, state = self._newest_checkpoint(checkpoints)
+        checkpoints = list_checkpoints(self.checkpoint_dir, resume_points=True)
+        source, state = newest_checkpoint(checkpoints, self.fingerprint(), self.rank, self.world_size, self.device)
         if state is None:
             return None
-        changes = _differences(state.get("fingerprint", {}), self.fingerprint())
+        changes = differences(state.get("fingerprint", {}), self.fingerprint())
         if changes:
-            described = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in list(changes.items())[:6])
+            described = describe(changes)
             if on_change != "restart":
                 raise ValueError(f"{source} was trained with other settings ({described}); "
                                  f"delete {self.checkpoint_dir} to start over")
@@ -235,73 +230,47 @@ class Trainer:
         self.resumed_from = source
         return state.get("callbacks", {})
 
-    def _newest_checkpoint(self, checkpoints: list[Path]) -> tuple[str, dict[str, Any] | None]:
-        """The checkpoint to resume from, as (its name for messages, its state), or ("", None).
-
-        One process: the newest of ``checkpoints``. Under torchrun: the newest of every rank's
-        ``checkpoint_dir``, read by the rank that holds it and sent to all. Only rank 0 writes
-        checkpoints and hosts do not share a disk, so on a rerun the other ranks have none (or older
-        ones, from a run where they were rank 0); DDP sends rank 0's weights when it wraps the model
-        but not the optimiser, the schedule, the RNG or the position in the data, so a rank that
-        started over on its own would train apart from the others without any error. The file's
-        bytes travel rather than a loaded state so that every rank loads it alike (weights only,
-        onto its own device). The ranks also compare fingerprints first: hosts with other params or
-        token stores would train apart just as silently, so that is a ``ValueError`` on every rank.
-        """
-        if self.world_size == 1:
-            if not checkpoints:
-                return "", None
-            return str(checkpoints[-1]), load_checkpoint(checkpoints[-1], map_location=self.device)
-        newest = int(CHECKPOINT_PATTERN.search(checkpoints[-1].name).group(1)) if checkpoints else -1
-        ranks: list[Any] = [None] * self.world_size
-        dist.all_gather_object(ranks, (self.fingerprint(), newest))
-        for rank, (fingerprint, _) in enumerate(ranks):
-            changes = _differences(ranks[0][0], fingerprint)
-            if changes:
-                described = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(changes.items())[:6])
-                raise ValueError(f"rank {rank} trains other settings or data than rank 0 ({described}): "
-                                 "every host needs the same params.yaml and token stores")
-        steps = [step for _, step in ranks]
-        source = steps.index(max(steps))   # the lowest rank among those with the newest step
-        if steps[source] < 0:
-            return "", None
-        payload = [checkpoints[-1].read_bytes() if self.rank == source else None]
-        dist.broadcast_object_list(payload, src=source, device=self.device)
-        name = f"rank {source}'s checkpoint_{steps[source]:08d}.pt"
-        try:
-            return name, torch.load(io.BytesIO(payload[0]), map_location=self.device, weights_only=True)
-        except Exception as err:  # as load_checkpoint: torch raises several types for a bad file
-            raise CheckpointError(f"{name} cannot be loaded: {type(err).__name__}: {err}") from err
-
-    def checkpoint_path(self, step: int) -> Path:
+    def checkpoint_path(self, step: int, resume_point: bool = False) -> Path:
         assert self.checkpoint_dir is not None
-        return self.checkpoint_dir / f"checkpoint_{step:08d}.pt"
+        return self.checkpoint_dir / checkpoint_name(step, resume_point)
 
-    def save(self) -> Path | None:
-        """Write checkpoint_<step>.pt atomically (rank 0 only) and keep the newest K."""
+    def save(self, resume_point: bool = False) -> Path | None:
+        """Write checkpoint_<step>.pt atomically (rank 0 only) and keep the newest K; or, with
+        ``resume_point``, the resume point checkpoint_<step>.resume.pt (``checkpoint_files``), which
+        is neither counted nor pruned among the K. Either replaces any older resume point."""
         if self.checkpoint_dir is None or self.rank != 0:
             return None
-        path = self.checkpoint_path(self.step)
+        path = self.checkpoint_path(self.step, resume_point)
         save_checkpoint(path, self.state_dict())
-        for old in list_checkpoints(self.checkpoint_dir)[:-self.config.keep_checkpoints]:
-            old.unlink(missing_ok=True)
+        for old in list_resume_points(self.checkpoint_dir):
+            if old != path:
+                old.unlink(missing_ok=True)
+        if not resume_point:
+            for old in list_checkpoints(self.checkpoint_dir)[:-self.config.keep_checkpoints]:
+                old.unlink(missing_ok=True)
         for cb in self.callbacks:
             cb.on_checkpoint(self.step, path)
         return path
 
     # -------------------------------------------------------------- training
-    def _done(self, started: float) -> bool:
+    def _at_length(self) -> bool:
+        """The training's length is reached: ``max_steps`` updates or ``max_epochs`` epochs."""
         c = self.config
+        return bool((c.max_steps and self.step >= c.max_steps) or (c.max_epochs and self.epoch >= c.max_epochs))
+
+    def _stop_vote(self, started: float) -> StopVote:
+        """This rank's wish to stop: a signal came, or the ``max_minutes`` budget is spent."""
+        budget = self.config.max_minutes
         elapsed = self.elapsed_seconds + time.monotonic() - started
-        return (self.stop_requested or (c.max_steps and self.step >= c.max_steps)
-                or (c.max_epochs and self.epoch >= c.max_epochs)
-                or (c.max_minutes and elapsed >= 60 * c.max_minutes))
+        return StopVote(signal=self.stop_requested, clock=bool(budget and elapsed >= 60 * budget))
 
     def _updates(self):
         """Yield the batches (index arrays) of each update, from the saved data position on."""
         while True:
             batches = self.sampler.batches(self.epoch)
             usable = len(batches) - len(batches) % self.config.update_freq
+            if not usable:   # batch counts vary a little from epoch to epoch: checked again here
+                self.sampler.require_updates(self.config.update_freq, self.epoch)
             while self.batch_in_epoch < usable:
                 group = batches[self.batch_in_epoch:self.batch_in_epoch + self.config.update_freq]
                 self.batch_in_epoch += self.config.update_freq
@@ -316,31 +285,51 @@ class Trainer:
         self.stop_requested = True
 
     def train(self) -> dict[str, float]:
-        """Train until a limit is reached; returns the last validation metrics (if any)."""
+        """Train until the training's length or an agreed stop (§5); returns the last validation
+        metrics (if any) and ``train/skipped_pairs`` (pairs too long to batch, never trained on).
+
+        How a training ends, the rule that gives a preempted and resumed training the outputs of
+        an uninterrupted one (curves, kept and averaged checkpoints, model: byte for byte):
+
+        - At its length (``max_steps`` or ``max_epochs`` reached, or ``max_minutes`` when it is the
+          only limit): the open log window is logged, the model validated, and the checkpoint
+          ``checkpoint_<step>.pt`` written, kept and averaged like those of the grid.
+        - Stopped early (SIGTERM or SIGINT on any rank, or the ``max_minutes`` clock on any rank
+          before the training's length): the ranks agree on it in the update's all-reduce
+          (``stopping``) and all stop after the same update; nothing is logged or validated, and
+          rank 0 writes the resume point ``checkpoint_<step>.resume.pt`` (``checkpoint_files``),
+          never kept or averaged, replaced by the next checkpoint. It carries the open log window,
+          so the resumed run logs the point an uninterrupted one logs. ``stopped_early`` and
+          ``stop_requested`` are then set on every rank, and the caller ends normally (exit 0).
+
+        A kill (SIGKILL) resumes from the newest checkpoint alike. Only a ``max_minutes`` budget
+        puts wall time (``elapsed_seconds``) into the checkpoints' bytes.
+        """
         c = self.config
-        handlers = {}
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                handlers[sig] = signal.signal(sig, self._request_stop)
-            except ValueError:  # not the main thread
-                pass
+        if self.rank == 0 and self.sampler.skipped:
+            print(f"{self.sampler.skipped:,} of {len(self.train_data):,} training pairs skipped: longer than "
+                  f"TrainConfig.max_tokens={c.max_tokens} tokens or the model's max_positions="
+                  f"{self.model.config.max_positions} (with EOS)", flush=True)
         for cb in self.callbacks:
             cb.on_train_start(self)
-        started = time.monotonic()
-        last_ckpt_time = time.monotonic()
-        window = {"loss": torch.zeros((), device=self.device), "nll": torch.zeros((), device=self.device),
-                  "tokens": 0, "steps": 0, "time": time.monotonic()}
+        started = last_ckpt_time = time.monotonic()
+        self.window.restart_clock()
         grad_norm = torch.zeros(())
         self.model.train()
-        try:
+        with stop_signals(self._request_stop):
             updates = self._updates()
-            while not self._done(started):
+            # Agreed once before the first update as well: a budget already spent stops every rank.
+            _, self.stop_agreed = agree(0, self._stop_vote(started), self.world_size, self.device)
+            while True:
+                stop = self._stop_vote(started) if self.world_size == 1 else self.stop_agreed
+                if stop or self._at_length():
+                    break
                 group = next(updates)
                 if group is None:  # end of an epoch; already validated when resuming at its checkpoint
                     if c.validate_every == 0 and self.last_valid_step != self.step:
                         self._validate()
                     continue
-                loss_sum, nll_sum, n_tokens, update_norm, status = self._update(group)
+                loss_sum, nll_sum, n_tokens, update_norm, status = self._update(group, self._stop_vote(started))
                 if status != "applied":
                     # Nothing was applied, so neither the step count nor the schedule moves (the
                     # batches are consumed: the data position is saved with the next checkpoint).
@@ -352,12 +341,9 @@ class Trainer:
                     continue
                 grad_norm = update_norm
                 self.step += 1
-                window["loss"] += loss_sum
-                window["nll"] += nll_sum
-                window["tokens"] += n_tokens
-                window["steps"] += 1
+                self.window.add(loss_sum, nll_sum, n_tokens)
                 if self.step % c.log_every == 0:
-                    self._log(window, grad_norm)
+                    self._log(grad_norm)
                 if c.validate_every and self.step % c.validate_every == 0:
                     self._validate()
                 due_minutes = (c.checkpoint_every_minutes
@@ -367,24 +353,29 @@ class Trainer:
                     started = time.monotonic()
                     self.save()
                     last_ckpt_time = time.monotonic()
-            if window["steps"]:
-                self._log(window, grad_norm)
             self.elapsed_seconds += time.monotonic() - started
-            started = time.monotonic()
-            if not self.stop_requested and self.last_valid_step != self.step:
-                self._validate()
-            if self.checkpoint_dir is None or not self.checkpoint_path(self.step).exists():
-                self.save()
-        finally:
-            for sig, handler in handlers.items():
-                signal.signal(sig, handler)
+            at_length = self._at_length() or bool(stop.clock and not (c.max_steps or c.max_epochs))
+            self.stopped_early = not at_length
+            if at_length:
+                if self.window.steps:
+                    self._log(grad_norm)
+                if self.last_valid_step != self.step:
+                    self._validate()
+                if self.checkpoint_dir is None or not self.checkpoint_path(self.step).exists():
+                    self.save()
+            else:
+                self.stop_requested = True   # on the ranks that only agreed too: callbacks read it
+                if self.checkpoint_dir is not None and not self.checkpoint_path(self.step).exists():
+                    self.save(resume_point=True)   # a checkpoint of this step already holds this state
         for cb in self.callbacks:
             cb.on_train_end(self)
-        return self.last_valid
+        return {**self.last_valid, "train/skipped_pairs": float(self.sampler.skipped)}
 
-    def _update(self, group: list) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, str]:
+    def _update(self, group: list, vote: StopVote) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, str]:
         """One optimiser step over ``update_freq`` batches, loss normalised by target tokens.
 
+        ``vote`` (this rank's wish to stop) is summed over ranks with the token count, in the one
+        all-reduce the update needs anyway; the result is ``stop_agreed``, the same on every rank.
         Returns (loss sum, NLL sum, target tokens, gradient norm, status): status is "applied",
         "non-finite" (a NaN or infinite loss, or gradient without a loss scaler: not applied) or
         "overflow" (fp16: the loss scaler found inf/NaN gradients, skipped the step and lowered
@@ -394,11 +385,7 @@ class Trainer:
         c = self.config
         batches = [collate(self.train_data, idx, c.pad_multiple) for idx in group]
         n_tokens = sum(b.n_target_tokens for b in batches)
-        total_tokens = n_tokens
-        if self.world_size > 1:
-            count = torch.tensor([n_tokens], dtype=torch.float64, device=self.device)
-            dist.all_reduce(count)
-            total_tokens = int(count.item())
+        total_tokens, self.stop_agreed = agree(n_tokens, vote, self.world_size, self.device)
         # DDP averages gradients over ranks; scale so the result is the mean over all tokens.
         norm = self.world_size / max(total_tokens, 1)
         loss_sum = torch.zeros((), device=self.device)
@@ -441,23 +428,23 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return loss_sum, nll_sum, n_tokens, grad_norm, status
 
-    def _log(self, window: dict, grad_norm: torch.Tensor) -> None:
-        now = time.monotonic()
-        tokens = max(window["tokens"], 1)
-        nll = float(window["nll"]) / tokens
+    def _log(self, grad_norm: torch.Tensor) -> None:
+        """One point of the training curve from the window, which then starts over."""
+        w = self.window
+        tokens = max(w.tokens, 1)
+        nll = float(w.nll) / tokens
         metrics = {
-            "train/loss": float(window["loss"]) / tokens,
+            "train/loss": float(w.loss) / tokens,
             "train/nll": nll,
             "train/ppl": math.exp(min(nll, 50.0)),
             "train/lr": self.scheduler.get_last_lr()[0],
             "train/grad_norm": float(grad_norm),
-            "train/target_tokens_per_s": window["tokens"] * self.world_size / max(now - window["time"], 1e-9),
+            "train/target_tokens_per_s": w.tokens_per_s() * self.world_size,
             "train/epoch": float(self.epoch),
         }
         if self.scaler.is_enabled():  # fp16: a falling scale means overflowing (skipped) updates
             metrics["train/loss_scale"] = self.scaler.get_scale()
-        window.update(loss=torch.zeros((), device=self.device), nll=torch.zeros((), device=self.device),
-                      tokens=0, steps=0, time=now)
+        w.reset()
         if self.rank == 0:
             for cb in self.callbacks:
                 cb.on_log(self.step, metrics)

@@ -383,7 +383,9 @@ def test_sigterm_saves_a_checkpoint_and_a_resume_trains_on_to_the_same_weights(s
     cfg = config(max_steps=5, log_every=1, checkpoint_every_steps=100)
     stopped = Trainer(tiny_model(vocab_size=30), cfg, store, checkpoint_dir=tmp_path / "c", callbacks=[TermAtTwo()])
     stopped.train()
-    assert stopped.step == 2 and [p.name for p in list_checkpoints(tmp_path / "c")] == ["checkpoint_00000002.pt"]
+    # A resume point, off the checkpoint grid: never kept or averaged (list_checkpoints leaves it out).
+    assert stopped.step == 2 and stopped.stopped_early and list_checkpoints(tmp_path / "c") == []
+    assert [p.name for p in list_checkpoints(tmp_path / "c", resume_points=True)] == ["checkpoint_00000002.resume.pt"]
     assert signal.getsignal(signal.SIGTERM) is not stopped._request_stop   # the handler is restored
     resumed = Trainer(tiny_model(vocab_size=30), cfg, store, checkpoint_dir=tmp_path / "c")
     assert resumed.resume() is not None and resumed.step == 2 and not resumed.stop_requested

@@ -1,0 +1,60 @@
+"""The training log's window (§5): what the updates since the last log line add up to.
+
+Every ``log_every`` updates the window becomes one point of the training curve (label-smoothed
+loss and NLL per target token, §5.4) and starts over. A checkpoint taken while the window is open
+carries its sums (``state_dict``), so that a resumed run, after a kill or a graceful stop, logs
+the very point an uninterrupted run logs: a stop never writes a partial window into the curve.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+
+class LogWindow:
+    """Sums over the updates since the last log line, on the training device (no host sync per update)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.reset()
+
+    def reset(self) -> None:
+        self.loss = torch.zeros((), device=self.device)
+        self.nll = torch.zeros((), device=self.device)
+        self.tokens = 0          # target tokens of this rank in the window's updates
+        self.steps = 0           # applied updates in the window
+        # For the speed only (a property of the machine): tokens this process trained since ``started``.
+        self.started = time.monotonic()
+        self.tokens_here = 0
+
+    def restart_clock(self) -> None:
+        """Measure the speed from now (a resumed window's sums came from another process)."""
+        self.started, self.tokens_here = time.monotonic(), 0
+
+    def add(self, loss_sum: torch.Tensor, nll_sum: torch.Tensor, tokens: int) -> None:
+        self.loss += loss_sum
+        self.nll += nll_sum
+        self.tokens += tokens
+        self.tokens_here += tokens
+        self.steps += 1
+
+    def tokens_per_s(self) -> float:
+        return self.tokens_here / max(time.monotonic() - self.started, 1e-9)
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """The open window's sums (bit for bit), or None when it is empty: a checkpoint on the log
+        grid (``log_every`` divides ``checkpoint_every_steps``) then holds no entry for it at all."""
+        if not self.steps:
+            return None
+        return {"loss": self.loss.detach().cpu(), "nll": self.nll.detach().cpu(),
+                "tokens": self.tokens, "steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        self.reset()
+        if state:
+            self.loss = state["loss"].to(self.device).clone()
+            self.nll = state["nll"].to(self.device).clone()
+            self.tokens, self.steps = int(state["tokens"]), int(state["steps"])
