@@ -40,6 +40,7 @@ stack-remote: stack-deps  ## point this clone's DVC at the remote of the sourced
 
 .PHONY: push pull
 push: stack-deps  ## dvc push --run-cache to the team's remote (data, models, reports, run-cache)
+	$(BIN)/python -m pipeline.tracking.replay --keep-going --quiet   # what waits for MLflow (registrations too) first
 	$(BIN)/python -m pipeline.stack push
 
 pull: stack-deps  ## dvc pull from the team's remote

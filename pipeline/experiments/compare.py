@@ -128,6 +128,9 @@ def main() -> None:
         check_metric(args.metric)
     except ValueError as err:
         parser.exit(2, f"error: {err}\n")
+    from pipeline.tracking.preflight import require_tracking_server
+
+    require_tracking_server()   # 401/403 or no answer: one line and exit 2, not a traceback
     params = load_params() if not args.experiment else None
     experiment = args.experiment or params.tracking.experiment
     table, differing = runs_table(experiment, args.metric, params.data.test_sets if params else None)

@@ -36,8 +36,27 @@ from pipeline.tracking.store import CHAMPION_ALIAS
 PROMOTED, FIRST_MODEL, REJECTED, UNCHANGED = "promoted", "first-model", "rejected", "unchanged"
 
 
+NO_CHALLENGER = "no-challenger-yet"   # the new model's registration still waits for the tracking server
+
+
 class GateError(RuntimeError):
     """The run cannot be judged (partial outputs, no registered model): nothing is promoted."""
+
+
+def pending_challenger(root: Path, model_file: Path) -> str:
+    """Why there is no challenger yet, when the registration of ``root``'s model waits in the unsent
+    queue (``pipeline.tracking.deferred``: the tracking server was away); "" otherwise. The gate
+    then promotes nothing and fails nothing: the version is registered when the queue is sent."""
+    from pipeline.tracking.deferred import SENT_BY, pending_registration
+    from transformer.atomic import file_sha256
+
+    model = root / model_file
+    record = pending_registration(file_sha256(model), root) if model.is_file() else None
+    if record is None:
+        return ""
+    return (f"no challenger yet: the registration of {record['registers']!r} for {model_file} (sha256 "
+            f"{record['model_sha256'][:12]}) waits for the tracking server in reports/mlflow_unsent.json; "
+            f"sent by {SENT_BY}")
 
 
 @dataclass(frozen=True)

@@ -32,11 +32,13 @@ from pipeline.flows.dvc_tasks import (
 )
 from pipeline.flows.finetune import FINETUNE, RetrainPlan, plan_retraining
 from pipeline.flows.gate import (
+    NO_CHALLENGER,
     Decision,
     GateError,
     Systems,
     challenger_version,
     current_champion,
+    pending_challenger,
     promote_if_better,
     translate_with_version,
 )
@@ -242,6 +244,12 @@ def retraining(workdir: str = ".") -> dict[str, Any]:
         version_task()(str(root), params.data.incoming_dir, params.data.src_lang, params.data.tgt_lang)
     plan = retrain_plan(str(root))
     training_pipeline(workdir=str(root), overrides=plan.overrides(params) or None)
+    waiting = pending_challenger(root, paths.AVERAGED_MODEL)
+    if waiting:   # registered once the unsent queue is sent: nothing to judge yet, nothing failed
+        get_run_logger().warning("%s", waiting)
+        create_markdown_artifact(f"# Promotion gate: {NO_CHALLENGER}\n\n{waiting}\n", key=GATE_ARTIFACT,
+                                 description="champion/challenger decision: no challenger yet")
+        return {"verdict": NO_CHALLENGER, "promoted": False, "reason": waiting, "retrain": plan.summary()}
     decision = promotion_gate(str(root), str(flow_run.get_id() or ""), plan.tags())
     create_markdown_artifact(decision.markdown() + plan.markdown(), key=GATE_ARTIFACT,
                              description=f"champion/challenger decision for {decision.model_name}")

@@ -77,6 +77,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_S, help="seconds per request")
     parser.add_argument("--dry-run", action="store_true", help="print the command and exit")
     args = parser.parse_args(argv)
+    from pipeline.tracking.preflight import require_tracking_server
+
+    require_tracking_server()   # a refusing or silent server is named as such, not as "no version"
     try:
         name = args.name or (load_params(PARAMS).tracking.registered_model if Path(PARAMS).is_file()
                              else "transformer")

@@ -35,16 +35,17 @@ def average(last_n: int) -> dict[str, Any]:
 def record(params: Sections, averaged: dict[str, Any], seconds: float) -> None:
     """Log the averaging into the training run (or a child run when ``average`` params changed) and
     link that run to the averaged model's sha256, where tune and evaluate find it."""
-    from pipeline.tracking import links, runs
+    from pipeline.tracking import deferred
+    from pipeline.tracking.records import average as sender
 
     section = {k: v for k, v in params.flat().items() if k.startswith("average.")}
-    # The training run: the one that tagged the newest averaged checkpoint as its own.
-    training_run = links.find_run(links.LINK_CHECKPOINT, file_sha256(averaged["averaged_from"][-1]),
-                                  params.tracking.experiment)
-    run_id = runs.stage_run(training_run, params.tracking.experiment, section, "average")
-    links.link_run(run_id, links.LINK_MODEL, file_sha256(paths.AVERAGED_MODEL))
-    runs.log_metrics(run_id, {"time/average_seconds": seconds,
-                              "average/checkpoints_used": len(averaged["averaged_from"])})
+    # The training run: the one that tagged the newest averaged checkpoint as its own. Sent now, or
+    # kept in the unsent queue while the tracking server is away (pipeline.tracking.records.average).
+    deferred.submit(sender, {
+        "experiment": params.tracking.experiment, "section": section,
+        "checkpoint_sha256": file_sha256(averaged["averaged_from"][-1]),
+        "model_sha256": file_sha256(paths.AVERAGED_MODEL), "timestamp": int(time.time() * 1000),
+        "metrics": {"time/average_seconds": seconds, "average/checkpoints_used": len(averaged["averaged_from"])}})
 
 
 def main() -> None:

@@ -189,24 +189,10 @@ def track(params: Sections, metrics: dict[str, Any], decoding: Decoding, seconds
     attention maps, translations and the registered pyfunc model (whose signature carries the beam
     size and alpha used) into the run that the tune stage logged into (the model's, or its child),
     else the model's own run."""
-    from mlflow.entities import RunTag
+    from pipeline.tracking import deferred
+    from pipeline.tracking.records import evaluate as record
 
-    from pipeline.serving.mlflow_model import log_translator
-    from pipeline.tracking import links, runs, store
-
-    experiment = params.tracking.experiment
-    run_id = None
-    if tune_record().get("model_sha256") == model_sha256:
-        run_id = links.find_run(links.LINK_TUNED, model_sha256, experiment)
-    run_id = run_id or links.find_run(links.LINK_MODEL, model_sha256, experiment)
     section = {k: v for k, v in params.flat().items() if k.startswith("evaluate.")}
-    run_id = runs.stage_run(run_id, params.tracking.experiment, section, "evaluate")
-    if run_id is None:
-        return
-    # The settings used, as tags (decoding.beam_size = 4, decoding.alpha_from = tune): derived from the
-    # params above and tune's choice, which already decide the run.
-    store.best_effort("tags", store.client().log_batch, run_id,
-                         tags=[RunTag(f"decoding.{k}", str(v)) for k, v in decoding.as_dict().items()])
     values = {"time/evaluate_seconds": seconds,
               **{f"time/decode_seconds/{name}": t for name, t in (decode_seconds or {}).items()}}
     for test_set, m in scores_of_test_sets(metrics).items():
@@ -217,15 +203,20 @@ def track(params: Sections, metrics: dict[str, Any], decoding: Decoding, seconds
         values.update({f"dev/{dev_set}/bleu": m["bleu"], f"dev/{dev_set}/chrf": m["chrf"]})
     # What a sweep ranks runs by: val BLEU with the settings this run's model is registered with.
     values["valid_bleu"] = metrics[DEV][params.data.valid_set]["bleu"]
-    runs.log_metrics(run_id, values)
-    runs.log_artifacts(run_id, [paths.ATTENTION_DIR], "attention")
-    runs.log_artifacts(run_id, [paths.TRANSLATIONS_DIR], "translations")
-    runs.log_artifacts(run_id, [Path("params.yaml"), Path("dvc.lock"), paths.METRICS, EVALUATE_SCORES], "run")
-    version = store.best_effort("model logging", log_translator, run_id, paths.AVERAGED_MODEL,
-                                   paths.TOKENIZER_MODEL, params.tracking.registered_model, decoding.as_dict())
-    if version:
-        print(f"MLflow: registered model {params.tracking.registered_model!r} version {version} (run {run_id})")
-    runs.finish_run(run_id)
+    # Sent now, or kept with copies of its files (the model pinned by its sha256) in the unsent queue
+    # while the tracking server is away; the registration happens when it is sent.
+    files = {"attention": paths.ATTENTION_DIR, "translations": paths.TRANSLATIONS_DIR,
+             "params.yaml": Path("params.yaml"), "dvc.lock": Path("dvc.lock"), "metrics.json": paths.METRICS,
+             "scores.json": EVALUATE_SCORES,
+             record.MODEL: paths.AVERAGED_MODEL, record.TOKENIZER: paths.TOKENIZER_MODEL,
+             record.CORPUS_STATS: paths.CORPUS_DIR / "stats.json"}
+    deferred.submit(record, {"experiment": params.tracking.experiment, "section": section,
+                                 "model_sha256": model_sha256,
+                                 "tuned": tune_record().get("model_sha256") == model_sha256,
+                                 "decoding": decoding.as_dict(), "values": values,
+                                 "registered_model": params.tracking.registered_model,
+                                 "timestamp": int(time.time() * 1000)},
+                    files=files, pinned={record.MODEL: model_sha256}, registers=params.tracking.registered_model)
 
 
 def main() -> None:

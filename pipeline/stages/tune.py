@@ -137,17 +137,17 @@ def record(params: Sections, chosen: dict[str, Any], report: dict[str, Any], mod
            times: list[float]) -> None:
     """Log the grid and the choice into the model's run (a child run when ``tune`` params changed), and
     tag it as the run that evaluate logs into."""
-    from pipeline.tracking import links, runs
+    from pipeline.tracking import deferred
+    from pipeline.tracking.records import tune as sender
 
     section = {k: v for k, v in params.flat().items() if k.startswith("tune.")}
     section.update({"tune.chosen_beam_size": chosen["beam_size"], "tune.chosen_alpha": chosen["alpha"],
                     "tune.chosen_stopping": chosen["stopping"]})
-    model_run = links.find_run(links.LINK_MODEL, model_sha256, params.tracking.experiment)
-    run_id = runs.stage_run(model_run, params.tracking.experiment, section, "tune")
-    links.link_run(run_id, links.LINK_TUNED, model_sha256)   # evaluate logs into the same run
-    runs.log_tune(run_id, report, [TUNE_REPORT, TUNE_SCORES], seconds, times)
-    if run_id and run_id != model_run:
-        runs.finish_run(run_id)   # a child run of its own (tune params changed); evaluate logs into it too
+    # Sent now, or kept in the unsent queue while the tracking server is away (pipeline.tracking.records.tune).
+    deferred.submit(sender, {"experiment": params.tracking.experiment, "section": section,
+                             "model_sha256": model_sha256, "report": report, "seconds": seconds, "times": times,
+                             "timestamp": int(time.time() * 1000)},
+                    files={"tune.json": TUNE_REPORT, "scores.json": TUNE_SCORES})
 
 
 def main() -> None:

@@ -8,21 +8,20 @@ next stage's run lookup (``links.find_run``) or by ``python -m pipeline.tracking
 
 from __future__ import annotations
 
-import json
 import queue
 import sys
 import threading
 import time
 from collections.abc import Mapping
-from pathlib import Path
 
 from mlflow.entities import Metric, RunTag
 from mlflow.tracking import MlflowClient
 
+from pipeline.tracking import unsent
 from pipeline.tracking.store import client
-from transformer.atomic import write_json
+from pipeline.tracking.unsent import UNSENT_FILE
 
-UNSENT_FILE = Path("reports/mlflow_unsent.json")
+__all__ = ["UNSENT_FILE", "BackgroundLogger", "replay_unsent", "save_unsent"]
 
 
 class BackgroundLogger:
@@ -94,37 +93,20 @@ class BackgroundLogger:
         return list(self.pending)
 
 
-def _load_unsent() -> dict[str, dict]:
-    if not UNSENT_FILE.is_file():
-        return {}
-    try:
-        return json.loads(UNSENT_FILE.read_text()).get("runs", {})
-    except (json.JSONDecodeError, AttributeError):   # written atomically: only a hand edit gets here
-        print(f"warning: {UNSENT_FILE} is not the unsent-metrics file this version writes; left as it is",
-              file=sys.stderr)
-        return {}
-
-
-def _write_unsent(runs: dict[str, dict]) -> None:
-    if runs:
-        write_json(UNSENT_FILE, {"runs": runs})
-    else:
-        UNSENT_FILE.unlink(missing_ok=True)
-
-
 def save_unsent(run_id: str, metrics: list[Metric], tags: Mapping[str, str] | None = None,
                 status: str | None = None) -> None:
     """Keep what could not be sent to ``run_id`` (added to what the file already keeps): metric
     values, the newest value of tags, and the run's end status."""
     if not run_id or not (metrics or tags or status):
         return
-    runs = _load_unsent()
-    entry = runs.setdefault(run_id, {"metrics": [], "tags": {}, "status": None})
-    entry["metrics"] += [{"key": m.key, "value": m.value, "step": m.step, "timestamp": m.timestamp}
-                         for m in metrics]
-    entry["tags"].update(tags or {})
-    entry["status"] = status or entry["status"]
-    _write_unsent(runs)
+    with unsent.locked():
+        doc = unsent.load()
+        entry = doc["runs"].setdefault(run_id, {"metrics": [], "tags": {}, "status": None})
+        entry["metrics"] += [{"key": m.key, "value": m.value, "step": m.step, "timestamp": m.timestamp}
+                             for m in metrics]
+        entry["tags"].update(tags or {})
+        entry["status"] = status or entry["status"]
+        unsent.save(doc)
     what = [f"{len(metrics)} metric values" if metrics else "", f"{len(tags)} tags" if tags else "",
             f"the run's end ({status})" if status else ""]
     print(f"warning: MLflow: {', '.join(w for w in what if w)} of run {run_id} could not be sent; kept in "
@@ -135,28 +117,31 @@ def save_unsent(run_id: str, metrics: list[Metric], tags: Mapping[str, str] | No
 def replay_unsent(c: MlflowClient | None = None) -> int:
     """Send what ``save_unsent`` kept into the same runs; each run's part leaves the file once sent
     (a metric batch sent twice is stored once). Returns the number of runs still unsent (0 when the
-    file is empty or absent); a server still away is a warning, never an error."""
-    runs = _load_unsent()
-    if not runs:
-        return 0
-    try:
-        c = c or client()
-        for run_id in list(runs):
-            entry = runs[run_id]
-            metrics = [Metric(m["key"], float(m["value"]), int(m["timestamp"]), int(m["step"]))
-                       for m in entry["metrics"]]
-            for i in range(0, len(metrics), 1000):   # MLflow's log_batch limit
-                c.log_batch(run_id, metrics=metrics[i:i + 1000], synchronous=True)
-                entry["metrics"] = entry["metrics"][1000:]
-            if entry["tags"]:
-                c.log_batch(run_id, tags=[RunTag(k, v) for k, v in entry["tags"].items()], synchronous=True)
-            if entry["status"]:
-                c.set_terminated(run_id, entry["status"])
-            del runs[run_id]
-            print(f"MLflow: replayed into run {run_id} what it could not send before: {len(metrics)} metric "
-                  f"values, {len(entry['tags'])} tags{', its end' if entry['status'] else ''}", flush=True)
-    except Exception as err:   # the server still away: keep the rest for the next try
-        print(f"warning: MLflow replay of {UNSENT_FILE} failed ({type(err).__name__}: {str(err)[:200]}); "
-              "kept for the next try", file=sys.stderr, flush=True)
-    _write_unsent(runs)
-    return len(runs)
+    file is empty or absent); a server still away is a warning, never an error. The stages' waiting
+    records are ``deferred.replay``'s, which calls this first."""
+    with unsent.locked():
+        doc = unsent.load()
+        runs = doc["runs"]
+        if not runs:
+            return 0
+        try:
+            c = c or client()
+            for run_id in list(runs):
+                entry = runs[run_id]
+                metrics = [Metric(m["key"], float(m["value"]), int(m["timestamp"]), int(m["step"]))
+                           for m in entry["metrics"]]
+                for i in range(0, len(metrics), 1000):   # MLflow's log_batch limit
+                    c.log_batch(run_id, metrics=metrics[i:i + 1000], synchronous=True)
+                    entry["metrics"] = entry["metrics"][1000:]
+                if entry["tags"]:
+                    c.log_batch(run_id, tags=[RunTag(k, v) for k, v in entry["tags"].items()], synchronous=True)
+                if entry["status"]:
+                    c.set_terminated(run_id, entry["status"])
+                del runs[run_id]
+                print(f"MLflow: replayed into run {run_id} what it could not send before: {len(metrics)} metric "
+                      f"values, {len(entry['tags'])} tags{', its end' if entry['status'] else ''}", flush=True)
+        except Exception as err:   # the server still away: keep the rest for the next try
+            print(f"warning: MLflow replay of {UNSENT_FILE} failed ({type(err).__name__}: {str(err)[:200]}); "
+                  "kept for the next try", file=sys.stderr, flush=True)
+        unsent.save(doc)
+        return len(runs)

@@ -12,14 +12,17 @@ from typing import Any
 from mlflow.entities import Metric, RunTag
 from mlflow.tracking import MlflowClient
 
+from pipeline.tracking import deferred
 from pipeline.tracking.buffer import BackgroundLogger, save_unsent
-from pipeline.tracking.links import LINK_CHECKPOINT, LINK_TRAINING, find_run, fingerprint_sha256
+from pipeline.tracking.links import LINK_CHECKPOINT, LINK_MODEL, LINK_TRAINING, find_run, fingerprint_sha256, lookup_run
 from pipeline.tracking.runs import finish_run, log_params
-from pipeline.tracking.store import best_effort, client, experiment_id, tracking_uri
+from pipeline.tracking.store import best_effort, client, experiment_id, safe_uri, tracking_uri
 from pipeline.tracking.tags import params_hash, run_name, training_lengths
 from transformer.atomic import file_sha256
 from transformer.trainer import Trainer, TrainerCallback
 
+UNFINISHED = "attributes.status != 'FINISHED'"   # running, failed or killed: a training may continue it
+LINEAGE = "lineage.continued_from_run"   # on a new run: the finished run whose model it trains further
 TRAIN_SECONDS = "time/train_seconds"   # training wall time so far, logged at each checkpoint and at the end
 
 
@@ -36,6 +39,7 @@ class MlflowCallback(TrainerCallback):
         self.trainer: Trainer | None = None
         self.seconds_before = 0.0   # training time of the processes before a resume (from the run)
         self.history: list[tuple[int, dict[str, float]]] = []
+        self.continued_from: str | None = None   # the finished run whose checkpoint this training continues
 
     def restore(self, checkpoints: Iterable[Path], history: Iterable[tuple[int, Mapping[str, float]]] = (),
                 fingerprint: Mapping[str, Any] | None = None) -> None:
@@ -43,12 +47,28 @@ class MlflowCallback(TrainerCallback):
         the newest unfinished run of the same ``fingerprint`` (a process killed within seconds of a
         checkpoint had not sent its tag yet). ``history``: every (step, metrics) the run logged up to
         the checkpoint (the curves kept in it); those the run lacks are sent again when training
-        starts, since a killed process loses what its background logger had not sent yet."""
-        self.run_id = find_run(LINK_CHECKPOINT, (file_sha256(p) for p in checkpoints), self.experiment)
+        starts, since a killed process loses what its background logger had not sent yet.
+
+        Only an unfinished run (running, failed, killed) is continued: a finished run's model trained
+        further (``train.max_steps`` raised) logs into a new run tagged ``lineage.continued_from_run``,
+        so that a finished run, which a registered version may come from, never changes."""
+        shas = [file_sha256(p) for p in checkpoints]
+        self.run_id = find_run(LINK_CHECKPOINT, shas, self.experiment, where=UNFINISHED)
         if self.run_id is None and fingerprint is not None:
-            self.run_id = find_run(LINK_TRAINING, fingerprint_sha256(fingerprint), self.experiment,
-                                   where="attributes.status != 'FINISHED'")
+            self.run_id = find_run(LINK_TRAINING, fingerprint_sha256(fingerprint), self.experiment, where=UNFINISHED)
+        if self.run_id is None and shas:
+            self.continued_from = find_run(LINK_CHECKPOINT, shas, self.experiment)   # a finished run's
         self.history = [(step, dict(metrics)) for step, metrics in history]
+
+    def _lineage(self) -> dict[str, str]:
+        """The lineage tag of a new run: the finished run whose checkpoint it continues, else the run
+        that made ``train.init_from`` (fine-tuning a registered model); {} for a training from scratch."""
+        parent = self.continued_from
+        init_from = self.params.get("train.init_from")
+        if parent is None and init_from and Path(str(init_from)).is_file():
+            parent = lookup_run(LINK_MODEL, file_sha256(Path(str(init_from))), self.experiment)
+            parent = parent or lookup_run(LINK_CHECKPOINT, file_sha256(Path(str(init_from))), self.experiment)
+        return {LINEAGE: parent} if parent else {}
 
     def _send_missing_history(self) -> None:
         if not (self.history and self.run_id and self.client and self.logger):
@@ -85,9 +105,14 @@ class MlflowCallback(TrainerCallback):
                 self.run_id = None
         if self.run_id is None:
             name = self.run_name or run_name(self.params, self.tags)
+            self.tags = {**self.tags, **self._lineage()}
             run = c.create_run(experiment_id(self.experiment, c), run_name=name, tags=dict(self.tags))
             self.run_id = run.info.run_id
-            print(f"MLflow: run {self.run_id} in experiment {self.experiment!r} at {tracking_uri()}", flush=True)
+            print(f"MLflow: run {self.run_id} in experiment {self.experiment!r} at {safe_uri(tracking_uri())}",
+                  flush=True)
+            if LINEAGE in self.tags:
+                print(f"MLflow: it continues the model of run {self.tags[LINEAGE]} (tag {LINEAGE}); that run "
+                      "is finished and stays as it is", flush=True)
         log_params(c, self.run_id, {**self.params, **{f"derived.{k}": v for k, v in self.derived.items()}})
         c.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in self.tags.items()])
 
@@ -98,7 +123,9 @@ class MlflowCallback(TrainerCallback):
                      **training_lengths(trainer)}
         if hasattr(trainer, "fingerprint"):
             self.tags[LINK_TRAINING] = fingerprint_sha256(trainer.fingerprint())
+        best_effort("unsent queue replay", deferred.replay, quiet=True)   # what waits goes first
         best_effort("run start", self._open_run)
+        best_effort("unsent queue", deferred.print_waiting)   # one line, while anything still waits
         self.trainer = trainer
         if self.run_id is not None and self.client is not None:
             self.logger = BackgroundLogger(self.client, self.run_id)
@@ -110,7 +137,8 @@ class MlflowCallback(TrainerCallback):
         """The training time the run had logged at ``step`` (the checkpoint resumed from): checkpoints
         hold no time (they are DVC outputs), so the run keeps it for the model card."""
         assert self.client is not None and self.run_id is not None
-        logged = [m for m in self.client.get_metric_history(self.run_id, TRAIN_SECONDS) if m.step <= step]
+        source = self.tags.get(LINEAGE) if self.continued_from else self.run_id   # a new run: its parent's time
+        logged = [m for m in self.client.get_metric_history(source or self.run_id, TRAIN_SECONDS) if m.step <= step]
         return max(logged, key=lambda m: m.step).value if logged else 0.0
 
     def _train_seconds(self, trainer: Trainer) -> float:

@@ -14,8 +14,8 @@ from typing import Any
 
 from mlflow.tracking import MlflowClient
 
-from pipeline.tracking.buffer import replay_unsent
-from pipeline.tracking.store import best_effort, client
+from pipeline.tracking import deferred
+from pipeline.tracking.store import client
 
 # Tags linking a run to the files it made (values: the file's sha256); see find_run.
 LINK_CHECKPOINT = "link.checkpoint_sha256"   # every checkpoint the training wrote (the newest last)
@@ -30,33 +30,37 @@ def fingerprint_sha256(fingerprint: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(fingerprint, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def lookup_run(tag: str, sha256s: str | Iterable[str], experiment: str, c: MlflowClient | None = None,
+               where: str = "") -> str | None:
+    """The newest run of ``experiment`` tagged ``tag`` = one of ``sha256s`` (tried in order); None
+    when no run is tagged so. Raises what the store raises (a record waiting for the server needs
+    to tell "no such run" from "no answer")."""
+    values = [sha256s] if isinstance(sha256s, str) else list(sha256s)
+    c = c or client()
+    found = c.get_experiment_by_name(experiment)
+    if found is None:
+        return None
+    for value in values:
+        runs = c.search_runs([found.experiment_id],
+                             filter_string=f"tags.`{tag}` = '{value}'" + (f" and {where}" if where else ""),
+                             order_by=["attributes.start_time DESC"], max_results=1)
+        if runs:
+            return runs[0].info.run_id
+    return None
+
+
 def find_run(tag: str, sha256s: str | Iterable[str], experiment: str, c: MlflowClient | None = None,
              where: str = "") -> str | None:
     """The newest run of ``experiment`` tagged ``tag`` = one of ``sha256s`` (tried in order): the
     run that made a file, found by the file's content. None when no run is tagged so (the file was
     made without tracking, or in another store) or the store cannot be reached (a warning).
     ``c``: the store to search (default: ``client()``'s); ``where``: a further MLflow filter clause.
-    What an earlier stage could not send (its link tags included) is replayed first."""
-    values = [sha256s] if isinstance(sha256s, str) else list(sha256s)
+    What waits in the unsent queue (an earlier stage's link tags and records) is replayed first."""
     try:
         c = c or client()
-        replay_unsent(c)
-        found = c.get_experiment_by_name(experiment)
-        if found is None:
-            return None
-        for value in values:
-            runs = c.search_runs([found.experiment_id],
-                                 filter_string=f"tags.`{tag}` = '{value}'" + (f" and {where}" if where else ""),
-                                 order_by=["attributes.start_time DESC"], max_results=1)
-            if runs:
-                return runs[0].info.run_id
+        deferred.replay(quiet=True)
+        return lookup_run(tag, sha256s, experiment, c, where)
     except Exception as err:
         print(f"warning: MLflow run lookup failed: {type(err).__name__}: {str(err)[:300]}", file=sys.stderr,
               flush=True)
     return None
-
-
-def link_run(run_id: str | None, tag: str, sha256: str) -> None:
-    """Tag ``run_id`` as the maker of the file whose sha256 is given (``find_run`` finds it)."""
-    if run_id:
-        best_effort("link tag", client().set_tag, run_id, tag, sha256)

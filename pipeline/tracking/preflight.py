@@ -12,7 +12,7 @@ import sys
 import urllib.error
 import urllib.request
 
-from pipeline.tracking.store import tracking_uri
+from pipeline.tracking.store import safe_uri, tracking_uri
 
 
 class PreflightError(RuntimeError):
@@ -22,6 +22,7 @@ class PreflightError(RuntimeError):
 def check_tracking_server(uri: str | None = None, timeout_s: float = 10.0) -> str:
     """A one-line description of the store when usable; PreflightError naming the fix otherwise."""
     uri = uri or tracking_uri()
+    shown = safe_uri(uri)   # printed: never a password given inside the URL
     if not uri.startswith(("http://", "https://")):
         return f"MLflow store {uri} (embedded)"
     user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
@@ -39,14 +40,25 @@ def check_tracking_server(uri: str | None = None, timeout_s: float = 10.0) -> st
     except urllib.error.HTTPError as err:
         if err.code in (401, 403):
             given = "were refused" if headers else "are missing"
-            raise PreflightError(f"the MLflow server at {uri} answered {err.code}: its credentials {given} "
+            raise PreflightError(f"the MLflow server at {shown} answered {err.code}: its credentials {given} "
                                  "(MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD; with the team's stack, "
                                  "`source .stack/env`)") from None
-        raise PreflightError(f"the MLflow server at {uri} answered {err.code} {err.reason}") from None
+        raise PreflightError(f"the MLflow server at {shown} answered {err.code} {err.reason}") from None
     except OSError as err:
-        raise PreflightError(f"the MLflow server at {uri} does not answer ({getattr(err, 'reason', err)}): start it "
+        raise PreflightError(f"the MLflow server at {shown} does not answer ({getattr(err, 'reason', err)}): start it "
                              "(make stack) or unset MLFLOW_TRACKING_URI for the embedded store") from None
-    return f"MLflow server {uri} (as {user or 'anonymous'})"
+    return f"MLflow server {shown} (as {user or 'anonymous'})"
+
+
+def require_tracking_server(uri: str | None = None) -> str:
+    """``check_tracking_server`` for a command that cannot work without the store (serving, comparing):
+    on a refusal or no answer, one ``error:`` line on stderr naming the server and its answer, and
+    exit 2 (no traceback, no misleading "no version" further on)."""
+    try:
+        return check_tracking_server(uri)
+    except PreflightError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
 
 
 def main() -> int:

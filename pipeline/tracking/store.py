@@ -39,6 +39,17 @@ def tracking_uri() -> str:
     return _user_uri() or _default_uri()
 
 
+def safe_uri(uri: str) -> str:
+    """``uri`` without a user or password in it (``https://user:secret@host`` -> ``https://host``):
+    what may be printed or logged."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(uri)
+    if parts.username is None and parts.password is None:
+        return uri
+    return urlunsplit(parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")))
+
+
 def client() -> MlflowClient:
     uri = tracking_uri()
     mlflow.set_tracking_uri(uri)

@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     from mlflow.exceptions import MlflowException
 
     from pipeline.tracking import store
+    from pipeline.tracking.preflight import require_tracking_server
+
+    require_tracking_server()   # a refusing or silent server is named as such, not as "no version"
     try:
         name = args.name or (load_params(PARAMS).tracking.registered_model if Path(PARAMS).is_file()
                              else "transformer")
