@@ -9,10 +9,14 @@ Fine-tuning: with ``train.init_from`` set, a training that does not resume start
 model's weights (``transformer.trainer.TrainConfig``); ``tokenizer.model_from`` made the token
 stores with the tokenizer those weights were trained with.
 
-Several devices: ``torchrun --nproc_per_node=N -m pipeline.stages.train`` (NCCL on GPUs,
-gloo on CPUs); rank 0 writes checkpoints, curves and the MLflow run. Several hosts (each with its
-own copy of the workspace): ``torchrun --nnodes=2 --rdzv-backend=c10d ...``, see docs/two_hosts.md.
-A rerun resumes every rank from the newest checkpoint of any host (``Trainer.resume``).
+Several devices (§5.2): ``train.processes`` (a number, or ``auto`` = every visible GPU) makes the
+stage start them itself with PyTorch's elastic launcher (``pipeline.stages.launch``), inside
+``dvc repro``; several hosts take their rendezvous from ``PIPELINE_*`` variables (docs/two_hosts.md).
+An outer ``torchrun -m pipeline.stages.train`` still works: the stage then launches nothing. NCCL on
+GPUs, gloo on CPUs; rank 0 writes checkpoints, curves and the MLflow run. ``train.max_tokens`` counts
+one update's tokens in all processes: each takes ``max_tokens // processes`` per batch
+(``launch.per_process``). A rerun resumes every rank from the newest checkpoint of any host
+(``Trainer.resume``).
 
 A lost peer ends training with a one-line error, not a hang: a process that dies closes its
 connections and the others stop at once; a peer that goes silent (a host powered off, a network
@@ -57,6 +61,7 @@ from pipeline.config.tracking import TrackingParams
 from pipeline.config.train import TrainSection, check_init_files
 from pipeline.data.spec import DataError
 from pipeline.figures.curves import CurveWriter
+from pipeline.stages import launch
 from pipeline.stages.runner import run_stage
 from transformer.atomic import write_json
 from transformer.data import TokenStore
@@ -142,6 +147,8 @@ def train(callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
     check_init_files(params.train, params.tokenizer)   # fine-tuning's inputs, before any work
     record = tracking.enabled()   # a bad PIPELINE_TRACKING stops here, before any work
     rank = init_distributed()
+    world_size = dist.get_world_size() if dist.is_initialized() else 1
+    config_train = launch.per_process(params.train, world_size)   # max_tokens: one update's, in all processes
     train_data = open_store("train")
     valid_data = open_store(params.data.valid_set)
     config = params.model.config(train_data.vocab_size)
@@ -151,8 +158,10 @@ def train(callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
     tracked = {k: v for k, v in params.flat().items() if k.split(".")[0] in TRACKED_SECTIONS}
     derived = {"parameters": model.num_parameters(), "vocab_size": config.vocab_size,
                "train_pairs": len(train_data), "train_target_tokens": train_data.num_tokens("tgt")}
+    if world_size > 1:   # MLflow's record of how the update was split (never a DVC output)
+        derived.update(processes=world_size, max_tokens_per_process=config_train.max_tokens)
     try:
-        trainer = Trainer(model, params.train, train_data, valid_data=valid_data,
+        trainer = Trainer(model, config_train, train_data, valid_data=valid_data,
                           checkpoint_dir=paths.CHECKPOINT_DIR, callbacks=list(callbacks or []))
     except ValueError as err:
         raise ParamsError(f"params.yaml: {err}") from None
@@ -179,7 +188,8 @@ def train(callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
     if rank == 0:
         print(f"model: {model.num_parameters():,} parameters, vocabulary {config.vocab_size}, "
               f"{len(train_data):,} training pairs, device {trainer.device}, precision {trainer.precision}, "
-              f"{trainer.world_size} process(es)", flush=True)
+              f"{trainer.world_size} process(es)"
+              + (f" of {config_train.max_tokens} tokens per batch" if world_size > 1 else ""), flush=True)
     start = time.monotonic()
     valid = trainer.train()
     # A DVC metric: what the run reached, never how long it took (that goes to MLflow and the console).
@@ -193,8 +203,35 @@ def train(callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
     return summary
 
 
+def launch_if_asked() -> int | None:
+    """Start the training processes ``train.processes`` and ``PIPELINE_NNODES`` ask for, and return
+    the stage's exit code; ``None`` when this process trains itself (one process on one host, or a
+    rank an outer launcher started). What every rank would check first is checked once, here."""
+    if launch.under_launcher():
+        launch.check_launcher()
+        return None
+    params = load_sections(DataParams, TokenizerParams, ModelSection, TrainSection, TrackingParams)
+    requested = TrainSection.requested_processes(params.raw.get("train") or {})
+    rendezvous = launch.Rendezvous.from_env()
+    processes = launch.processes_to_start(requested, params.train.device)
+    if processes == 1 and rendezvous.nnodes == 1:
+        return None
+    check_init_files(params.train, params.tokenizer)
+    tracking.enabled()
+    dist_timeout()
+    launch.per_process(params.train, processes * rendezvous.nnodes)   # as if every host starts as many
+    open_store("train")
+    open_store(params.data.valid_set)
+    print(f"train: {processes} process(es) on this host, {rendezvous.nnodes} host(s); train.max_tokens "
+          f"{params.train.max_tokens} per batch, shared out among all of them", flush=True)
+    return launch.launch(processes, rendezvous, "pipeline.stages.train")
+
+
 def main() -> None:
     argparse.ArgumentParser(description=__doc__).parse_args()
+    code = launch_if_asked()
+    if code is not None:
+        sys.exit(code)
     try:
         train()
     except RuntimeError as err:

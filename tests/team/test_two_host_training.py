@@ -4,7 +4,9 @@ own train stage (``python -m pipeline.stages.train``, tiny preset) in a workspac
 machines each have their own disk.
 
 - Two hosts end with the weights of one process that accumulates the same global batches
-  (``update_freq`` 2: rank r's batches are the r-th of each pair, ``TokenBatchSampler``).
+  (``update_freq`` 2 of ``max_tokens`` / 2: rank r's batches are the r-th of each pair,
+  ``TokenBatchSampler``; ``train.max_tokens`` counts a batch in all processes), under ``torchrun``
+  and with the stage launching its process itself (``PIPELINE_NNODES``, ``pipeline.stages.launch``).
 - A rank SIGKILLed mid-run: the other host's torchrun exits non-zero with the stage's one-line
   error within ``TRAIN_DIST_TIMEOUT_S`` plus a margin; the rerun resumes from the newest checkpoint
   on both hosts (host-b has none of its own) and ends with the uninterrupted weights.
@@ -100,6 +102,14 @@ def torchrun_argv(host: str, rendezvous_host: str, port: int, run_id: str) -> li
             "-m", "pipeline.stages.train"]
 
 
+def stage_env(host: str, rendezvous_host: str, port: int, run_id: str) -> dict[str, str]:
+    """The same rendezvous for the stage's own launcher (docs/two_hosts.md): ``python -m
+    pipeline.stages.train`` (or ``dvc repro``) with these variables on each host."""
+    is_host = "true" if host == rendezvous_host else "false"
+    return {"PIPELINE_NNODES": "2", "PIPELINE_RDZV_ENDPOINT": f"{rendezvous_host}:{port}", "PIPELINE_RDZV_ID": run_id,
+            "PIPELINE_RDZV_CONF": f"is_host={is_host},join_timeout=120,read_timeout=60", "PIPELINE_LOCAL_ADDR": host}
+
+
 @dataclass
 class TwoHostRun:
     """torchrun on host-a and host-b, each in its workspace, output to a log file per host."""
@@ -138,24 +148,30 @@ class TwoHostRun:
             agent.wait(timeout=30)
 
 
-def start_two_hosts(cluster: Cluster, spaces: dict[str, Workspace], timeout_s: float) -> TwoHostRun:
+def start_two_hosts(cluster: Cluster, spaces: dict[str, Workspace], timeout_s: float,
+                    by_stage: bool = False) -> TwoHostRun:
+    """torchrun on each host, or (``by_stage``) the stage launching its own process from ``PIPELINE_*``."""
     port = next(_ports)
     run_id = f"two-host-test-{port}"
     agents, logs = {}, {}
     started = time.monotonic()
     for name, space in spaces.items():
         logs[name] = space.path / f"torchrun-{port}.log"
+        argv = ([sys.executable, "-m", "pipeline.stages.train"] if by_stage
+                else torchrun_argv(name, "host-a", port, run_id))
+        env = dict(space.env, TRAIN_DIST_TIMEOUT_S=str(timeout_s),
+                   **(stage_env(name, "host-a", port, run_id) if by_stage else {}))
         with logs[name].open("w") as out:
-            agents[name] = cluster.network.hosts[name].popen(
-                torchrun_argv(name, "host-a", port, run_id), cwd=space.path, stdout=out, stderr=subprocess.STDOUT,
-                env=dict(space.env, TRAIN_DIST_TIMEOUT_S=str(timeout_s)))
+            agents[name] = cluster.network.hosts[name].popen(argv, cwd=space.path, stdout=out,
+                                                             stderr=subprocess.STDOUT, env=env)
     return TwoHostRun(agents, logs, started)
 
 
-def run_two_hosts(cluster: Cluster, spaces: dict[str, Workspace], timeout_s: float = 120) -> tuple[TwoHostRun, float]:
+def run_two_hosts(cluster: Cluster, spaces: dict[str, Workspace], timeout_s: float = 120,
+                  by_stage: bool = False) -> tuple[TwoHostRun, float]:
     """Both hosts to the end; their wall time. Once one torchrun fails the other gets 30 s, not
     the 300 s its agent may wait for the failed one at its exit barrier."""
-    run = start_two_hosts(cluster, spaces, timeout_s)
+    run = start_two_hosts(cluster, spaces, timeout_s, by_stage)
     deadline = time.monotonic() + 300
     try:
         while any(a.poll() is None for a in run.agents.values()) and time.monotonic() < deadline:
@@ -221,7 +237,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 @pytest.fixture(scope="module")
 def one_process(cluster: Cluster) -> tuple[Workspace, float, float]:
     """The reference: one process, the same data, two batches per update (the two hosts' pair)."""
-    space = cluster.workspace("one-process", {"update_freq": 2})
+    space = cluster.workspace("one-process", {"update_freq": 2, "max_tokens": TRAIN["max_tokens"] // 2})
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "pipeline.stages.train"], cwd=space.path, env=space.env,
                           capture_output=True, text=True, timeout=300)
@@ -252,6 +268,17 @@ def test_two_host_torchrun_equals_one_process(cluster: Cluster, one_process: tup
     print(f"\n{STEPS} updates, tiny preset, {os.cpu_count()} cores ({cpu}): two hosts (torchrun, gloo) "
           f"{training_seconds(log_a):.1f} s of training, {elapsed:.1f} s with startup and rendezvous; one process "
           f"{single_training:.1f} s of training, {single_elapsed:.1f} s in all")
+
+
+def test_two_hosts_launched_by_the_stage_equal_one_process(cluster: Cluster,
+                                                           one_process: tuple[Workspace, float, float]):
+    """No torchrun: ``python -m pipeline.stages.train`` on each host (what ``dvc repro`` runs), the
+    rendezvous from ``PIPELINE_*`` variables, ``train.processes`` 1 (one process per host)."""
+    spaces = {name: cluster.workspace(f"stage-{name}") for name in ("host-a", "host-b")}
+    run, _ = run_two_hosts(cluster, spaces, by_stage=True)
+    assert "2 process(es) of 512 tokens per batch" in run.log("host-a"), run.log("host-a")[-3000:]
+    assert not spaces["host-b"].checkpoints()
+    assert_same_weights(spaces["host-a"].weights(), one_process[0].weights())
 
 
 def test_two_host_lost_rank_stops_the_other_and_rerun_resumes(cluster: Cluster,
