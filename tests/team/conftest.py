@@ -1,7 +1,8 @@
 """The team's services for real: ``python -m pipeline.stack start`` (PostgreSQL from the OS, the
 SeaweedFS S3 store, the MLflow and Prefect servers) in a folder of its own on free ports, once for
-the session, stopped by its own command at the end. Skipped where PostgreSQL is not installed,
-except where ``STACK_TESTS_REQUIRED=1`` (CI, which installs it): there, its absence fails."""
+the session, stopped by its own command at the end. Skipped where PostgreSQL or requirements-stack.txt
+(``stack_packages.py``) is not installed, except where ``STACK_TESTS_REQUIRED=1`` (CI, which installs
+them): there, their absence fails. Every test here is marked ``service`` (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ from pipeline.stack import client_env
 from pipeline.stack.processes import StackError, port_taken
 from pipeline.stack.secrets import load_or_create
 from pipeline.stack.settings import PORT_OFFSETS, StackSettings
+
+from . import stack_packages
+from .stack_packages import pytest_pycollect_makemodule  # noqa: F401  (the hook: skip, not fail, without boto3)
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -104,6 +108,7 @@ def skip_without_second_hosts() -> None:
 @contextmanager
 def running_stack(host: str = "127.0.0.1") -> Iterator[Stack]:
     """A stack of its own binding ``host``, stopped by its own command at the end."""
+    stack_packages.require()   # requirements-stack.txt: skipped without it, failed under STACK_TESTS_REQUIRED=1
     missing = postgres_missing()
     if missing:
         if os.environ.get("STACK_TESTS_REQUIRED") == "1":
