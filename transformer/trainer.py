@@ -134,6 +134,8 @@ class Trainer:
         self.stop_requested = False
         self.stop_agreed = StopVote()   # the ranks' votes summed in the last update's all-reduce
         self.stopped_early = False      # train() ended at a resume point, not at the training's length
+        self.stopped_by = StopVote()    # why it stopped early (any rank's signal, the clock), once agreed
+        self.stop_signal = 0            # the signal this process received (0: none, or another rank's)
         self.window = LogWindow(self.device)
         self.last_valid: dict[str, float] = {}
         self.last_valid_step = -1
@@ -283,6 +285,7 @@ class Trainer:
 
     def _request_stop(self, signum: int, frame: Any) -> None:
         self.stop_requested = True
+        self.stop_signal = signum
 
     def train(self) -> dict[str, float]:
         """Train until the training's length or an agreed stop (§5); returns the last validation
@@ -356,6 +359,7 @@ class Trainer:
             self.elapsed_seconds += time.monotonic() - started
             at_length = self._at_length() or bool(stop.clock and not (c.max_steps or c.max_epochs))
             self.stopped_early = not at_length
+            self.stopped_by = StopVote() if at_length else stop
             if at_length:
                 if self.window.steps:
                     self._log(grad_norm)

@@ -42,6 +42,7 @@ import argparse
 import math
 import os
 import re
+import signal
 import sys
 import time
 from datetime import timedelta
@@ -178,7 +179,9 @@ def train(callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
             curves.restore(restored)
         if mlflow_cb is not None:
             # The run that wrote these checkpoints, found by their content (links.find_run).
-            mlflow_cb.restore(reversed(list_checkpoints(paths.CHECKPOINT_DIR)), history=curves.history(),
+            # Resume points too: a training stopped early may have tagged nothing else yet.
+            mlflow_cb.restore(reversed(list_checkpoints(paths.CHECKPOINT_DIR, resume_points=True)),
+                              history=curves.history(),
                               fingerprint=trainer.fingerprint())
         source = f" from {trainer.resumed_from}" if trainer.world_size > 1 else ""
         print(f"resuming from step {trainer.step} (epoch {trainer.epoch}){source}", flush=True)
@@ -192,6 +195,12 @@ def train(callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
               + (f" of {config_train.max_tokens} tokens per batch" if world_size > 1 else ""), flush=True)
     start = time.monotonic()
     valid = trainer.train()
+    if trainer.stopped_early and trainer.stopped_by.signal:
+        # Preempted (SIGTERM/SIGINT on any rank): the resume point is written, the training is not
+        # done. A non-zero exit keeps DVC from recording it and running average on a partial model.
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        raise StoppedBySignal(trainer.step, trainer.stop_signal or signal.SIGTERM)
     # A DVC metric: what the run reached, never how long it took (that goes to MLflow and the console).
     summary = {"steps": trainer.step, "epochs": trainer.epoch, "parameters": model.num_parameters(),
                **({"valid_ppl": valid["valid/ppl"]} if "valid/ppl" in valid else {})}   # none: stopped before
@@ -201,6 +210,15 @@ def train(callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
     if dist.is_initialized():
         dist.destroy_process_group()
     return summary
+
+
+class StoppedBySignal(Exception):
+    """The training stopped early on a signal (any rank's): a resume point, not a finished training."""
+
+    def __init__(self, step: int, signum: int) -> None:
+        super().__init__(f"train: stopped by signal {signum} after update {step}; its resume point is written: "
+                         "run the stage again (dvc repro) to continue")
+        self.signum = signum
 
 
 def launch_if_asked() -> int | None:
@@ -234,6 +252,9 @@ def main() -> None:
         sys.exit(code)
     try:
         train()
+    except StoppedBySignal as stopped:
+        print(stopped, file=sys.stderr, flush=True)
+        sys.exit(128 + stopped.signum)   # as a process the signal ended (143 for SIGTERM): DVC records nothing
     except RuntimeError as err:
         message = lost_peer(err)
         if not message:

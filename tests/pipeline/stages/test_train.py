@@ -71,6 +71,32 @@ def test_killed_training_resumes_from_its_last_checkpoint(workspace, tmp_path):
     assert json.loads((copy / "reports/train_metrics.json").read_text())["steps"] == last_step + 5
 
 
+def test_a_preempted_training_fails_the_stage_after_writing_its_resume_point(workspace, tmp_path):
+    """SIGTERM to the stage (a scheduler's preemption): the trainer stops after the update, writes a
+    resume point, and the stage exits 143, so that DVC records no finished training and runs no
+    average; the metrics file of the finished run before it is left as it was."""
+    copy = tmp_path / "repo"
+    shutil.copytree(workspace.path, copy, ignore=shutil.ignore_patterns("mlflow.db", "mlartifacts"))
+    params = yaml.safe_load((copy / "params.yaml").read_text())
+    params["train"].update(max_steps=100000, checkpoint_every_steps=5, keep_checkpoints=2, validate_every=0)
+    (copy / "params.yaml").write_text(yaml.safe_dump(params))
+    for old in (copy / "models/checkpoints").glob("*.pt"):
+        old.unlink()
+    metrics_before = (copy / "reports/train_metrics.json").read_bytes()
+    env = {**workspace.env, "PYTHONPATH": str(copy), "PIPELINE_TRACKING": "off"}
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.stages.train"], cwd=copy, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list((copy / "models/checkpoints").glob("checkpoint_*.pt")):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "stopped by signal 15" in err
+    assert list((copy / "models/checkpoints").glob("checkpoint_*.resume.pt")), "no resume point"
+    assert (copy / "reports/train_metrics.json").read_bytes() == metrics_before
+
+
 def test_bad_params_stop_before_any_work(workspace, tmp_path):
     copy = tmp_path / "repo"
     shutil.copytree(workspace.path / "data", copy / "data")
