@@ -1,7 +1,10 @@
 """Decoding (§6.1): greedy search and batched beam search with the GNMT length penalty.
 
 Both reuse the encoder output and the decoder's key/value cache: every step runs the
-decoder on one new position per hypothesis. Shape key: B sentences, K beam size, V vocabulary.
+decoder on one new position per hypothesis. Neither ever emits padding or BOS: label smoothing
+(§5.4) gives every token, those two included, some probability mass, so both are set to -inf
+before each choice (``_ban_never_emitted``; fairseq does the same for padding). Shape key: B
+sentences, K beam size, V vocabulary.
 """
 
 from __future__ import annotations
@@ -51,6 +54,19 @@ def _best_reachable(live_score: Tensor, shortest: int, max_lens: Tensor, alpha: 
 def _max_lengths(src_mask: Tensor, max_len_b: int, max_positions: int) -> Tensor:
     """Per sentence: source length + max_len_b (§6.1: "input length + 50"), within the model's positions."""
     return (src_mask.flatten(1).sum(-1) + max_len_b).clamp(max=max_positions)
+
+
+def _never_emitted(pad_id: int, bos_id: int, device: torch.device) -> Tensor:
+    """The ids no hypothesis may contain: padding (never a target: the loss ignores it) and BOS
+    (only ever an input). Label smoothing still gives both probability mass (§5.4)."""
+    return torch.tensor(sorted({pad_id, bos_id}), dtype=torch.long, device=device)
+
+
+def _ban_never_emitted(lprobs: Tensor, banned: Tensor) -> None:
+    """Set the log-probabilities of ``banned`` ids to -inf in place, in every row, before a choice.
+    The other tokens keep their log-probabilities (no renormalisation, as fairseq), so a
+    hypothesis's score is its teacher-forced log-probability."""
+    lprobs.index_fill_(-1, banned, float("-inf"))
 
 
 def _strip(ids: list[int], eos_id: int, pad_id: int) -> list[int]:
@@ -105,7 +121,8 @@ def best_continuations(lprobs: Tensor, beam_scores: Tensor, count: int) -> tuple
 @torch.inference_mode()
 def greedy_search(model: Transformer, src: Tensor, *, max_len_b: int = 50,
                   bos_id: int = BOS_ID, eos_id: int = EOS_ID) -> SearchResult:
-    """Pick the most probable token at every step. src (B, S) -> one hypothesis per sentence.
+    """Pick the most probable token at every step (never padding or BOS). src (B, S) -> one
+    hypothesis per sentence.
 
     Sentences that emitted EOS are dropped from the batch, so later steps only compute live ones.
     """
@@ -120,8 +137,10 @@ def greedy_search(model: Transformer, src: Tensor, *, max_len_b: int = 50,
     cache = model.new_cache()
     last = src.new_full((b, 1), bos_id)
     is_eos_column = torch.arange(model.config.vocab_size, device=device) == eos_id
+    banned = _never_emitted(model.config.pad_id, bos_id, device)
     for t in range(longest):
         lprobs = model.decode_step(last, memory, src_mask, cache)
+        _ban_never_emitted(lprobs, banned)
         at_limit = t + 1 >= max_lens  # only EOS may follow; it keeps its own log-probability
         lprobs[at_limit] = lprobs[at_limit].masked_fill(~is_eos_column, float("-inf"))
         best, token = lprobs.max(dim=-1)
@@ -145,7 +164,8 @@ def beam_search(model: Transformer, src: Tensor, *, beam_size: int = 4, alpha: f
                 stopping: str = "exact") -> SearchResult:
     """Batched beam search (§6.1: beam 4, alpha 0.6) returning the best hypothesis per sentence.
 
-    Finished hypotheses are scored log P(Y|X) / lp(|Y|), |Y| counting the EOS. A sentence that
+    No hypothesis holds padding or BOS (set to -inf at every step). Finished hypotheses are
+    scored log P(Y|X) / lp(|Y|), |Y| counting the EOS. A sentence that
     stops is dropped from the batch, so later steps only compute live sentences. ``stopping``:
 
     - ``"exact"``: once it has ``beam_size`` finished hypotheses that no live hypothesis can still
@@ -185,10 +205,12 @@ def beam_search(model: Transformer, src: Tensor, *, beam_size: int = 4, alpha: f
     tokens = src.new_full((n_sent, 1), bos_id)
     cache = model.new_cache()
     is_eos_column = torch.arange(vocab, device=device) == eos_id
+    banned = _never_emitted(model.config.pad_id, bos_id, device)
 
     for t in range(longest):
         n = active.numel()
         lprobs = model.decode_step(tokens[:, -1:], memory, src_mask, cache)
+        _ban_never_emitted(lprobs, banned)
         at_limit = t + 1 >= max_lens  # only EOS may follow; it keeps its own log-probability
         if bool(at_limit.any()):
             rows = at_limit.repeat_interleave(width)

@@ -419,3 +419,44 @@ def test_searches_use_only_the_decoding_contract(seed):
     for search, options in ((greedy_search, dict(max_len_b=8)), (beam_search, dict(beam_size=3, max_len_b=8))):
         direct, contract = search(model, src, **options), search(ContractOnly(model), src, **options)
         assert contract.hypotheses == direct.hypotheses and contract.scores == direct.scores
+
+
+def favour(model: Transformer, bias: dict[int, float]) -> None:
+    """Bias the model's output layer (§3.4's pre-softmax linear) towards the ids of ``bias``, as label
+    smoothing does in a milder way: a forward hook adds each bias to its logit, cached steps included."""
+    extra = torch.zeros(model.config.vocab_size)
+    for token, value in bias.items():
+        extra[token] = value
+    model.output.register_forward_hook(lambda module, inputs, logits: logits + extra.to(logits.dtype))
+
+
+@pytest.mark.parametrize("bias", [{PAD_ID: 30.0, BOS_ID: 20.0}, {BOS_ID: 30.0, PAD_ID: 20.0}, {PAD_ID: 30.0},
+                                  {BOS_ID: 30.0}])
+@pytest.mark.parametrize("search, options", [
+    (greedy_search, {}),
+    (beam_search, {"beam_size": 1, "alpha": 0.0}),
+    (beam_search, {"beam_size": 4, "alpha": 0.6, "stopping": "exact"}),
+    (beam_search, {"beam_size": 4, "alpha": 1.0, "stopping": "fairseq"}),
+    (beam_search, {"beam_size": 11, "alpha": 0.6, "stopping": "none"}),   # 2K = 22 of 24 ids: banned ones among them
+])
+def test_searches_never_emit_padding_or_bos(bias, search, options):
+    """Padding and BOS get probability mass (label smoothing, §5.4) but are never emitted: with an
+    output layer that makes them the most probable tokens at every step, no hypothesis of a batch of
+    sentences of different lengths (decoded with the cache, finished sentences leaving the batch)
+    holds either, and the searches' scores are the teacher-forced log-probabilities of what they
+    return (the other tokens' log-probabilities are left as they are)."""
+    model = tiny_model(seed=2)
+    favour(model, bias)
+    src = pad_batch(SENTENCES)
+    # Without the ban every first choice would be the favoured token.
+    first = model(src, torch.full((len(SENTENCES), 1), BOS_ID))[:, 0].argmax(-1)
+    assert set(first.tolist()) == {max(bias, key=bias.get)}
+
+    result = search(model, src, max_len_b=6, **options)
+    alpha = options.get("alpha", 0.0)   # greedy scores are not normalised
+    for i, hypothesis in enumerate(result.hypotheses):
+        assert PAD_ID not in hypothesis and BOS_ID not in hypothesis
+        expected = sequence_logprob(model, src[i], hypothesis) / length_penalty(len(hypothesis) + 1, alpha)
+        assert result.scores[i] == pytest.approx(expected, abs=1e-3)
+    for i, sentence in enumerate(SENTENCES):   # one sentence at a time: the same hypotheses
+        assert search(model, pad_batch([sentence]), max_len_b=6, **options).hypotheses[0] == result.hypotheses[i]
