@@ -34,19 +34,24 @@ class StopVote:
         return self.signal or self.clock
 
 
-def agree(tokens: int, vote: StopVote, world_size: int, device: torch.device) -> tuple[int, StopVote]:
-    """The target tokens of an update summed over ranks, and the stop votes of all ranks.
+def agree(tokens: int, vote: StopVote, world_size: int, device: torch.device,
+          checkpoint_due: bool = False) -> tuple[int, StopVote, bool]:
+    """The target tokens of an update summed over ranks, the stop votes of all ranks, and whether
+    any rank's clock says a checkpoint is due (``checkpoint_every_minutes``).
 
-    One ``all_reduce`` of three float64 numbers (token count, ranks signalled, ranks out of time):
-    exact for token counts up to 2**53 and the same sum on every rank, hence the same decision.
+    One ``all_reduce`` of four float64 numbers (token count, ranks signalled, ranks out of time,
+    ranks due a checkpoint): exact for token counts up to 2**53 and the same sum on every rank,
+    hence the same decision. Every rank takes part in writing a checkpoint (``Trainer.save``
+    gathers their RNG states), so a checkpoint by the clock is agreed on like a stop.
     With one process there is nothing to agree on.
     """
     if world_size == 1:
-        return tokens, vote
-    summed = torch.tensor([tokens, float(vote.signal), float(vote.clock)], dtype=torch.float64, device=device)
+        return tokens, vote, checkpoint_due
+    summed = torch.tensor([tokens, float(vote.signal), float(vote.clock), float(checkpoint_due)],
+                          dtype=torch.float64, device=device)
     dist.all_reduce(summed)
-    total, signalled, out_of_time = summed.tolist()   # one device-to-host copy
-    return int(total), StopVote(signal=signalled > 0, clock=out_of_time > 0)
+    total, signalled, out_of_time, due = summed.tolist()   # one device-to-host copy
+    return int(total), StopVote(signal=signalled > 0, clock=out_of_time > 0), due > 0
 
 
 @contextlib.contextmanager

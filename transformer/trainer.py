@@ -2,8 +2,8 @@
 
 The Trainer knows nothing of trackers: the pipeline observes it through ``TrainerCallback``.
 It runs on CUDA when present, else CPU, and under ``torchrun`` (DDP) without change.
-Resume is exact: model, optimiser, schedule, RNG states, the position in the data and the
-open log window are all in the checkpoint, and the data order is a pure function of (seed, epoch).
+Resume is exact: model, optimiser, schedule, RNG states (every rank's: ``rng_states``), the position
+in the data and the open log window are in the checkpoint; the data order is a pure function of (seed, epoch).
 A training stopped early (a signal, or the clock before its length) resumes to the outputs of an
 uninterrupted one, byte for byte: see ``Trainer.train`` for the rule.
 Fine-tuning: ``TrainConfig.init_from`` starts a new training from another model's weights.
@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from . import rng_states
 from .checkpoint import init_weights, load_state, save_checkpoint
 from .checkpoint_files import (  # noqa: F401  (API: the pipeline lists checkpoints through the trainer)
     CHECKPOINT_PATTERN,
@@ -133,6 +134,7 @@ class Trainer:
         # A SIGTERM/SIGINT reached this process (set by the handler; once a stop is agreed, on every rank).
         self.stop_requested = False
         self.stop_agreed = StopVote()   # the ranks' votes summed in the last update's all-reduce
+        self.checkpoint_agreed = False  # ... and whether a rank's clock called for a checkpoint
         self.stopped_early = False      # train() ended at a resume point, not at the training's length
         self.stopped_by = StopVote()    # why it stopped early (any rank's signal, the clock), once agreed
         self.stop_signal = 0            # the signal this process received (0: none, or another rank's)
@@ -142,7 +144,9 @@ class Trainer:
         self.resumed_from = ""   # the checkpoint resume() loaded, for messages
 
     # ----------------------------------------------------------------- state
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, rng_ranks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The checkpoint's content; ``rng_ranks``: every rank's RNG states (``rng_states.gather``,
+        several processes only), which ``load_state_dict`` gives back to each rank."""
         extra: dict[str, Any] = {}
         for cb in self.callbacks:
             extra.update(cb.checkpoint_state())
@@ -162,6 +166,7 @@ class Trainer:
             **({"log_window": window} if (window := self.window.state_dict()) is not None else {}),
             "rng_cpu": torch.get_rng_state(),
             "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            **({"rng_ranks": rng_ranks} if rng_ranks else {}),   # absent for one process: its bytes as before
             "callbacks": extra,
             "fingerprint": self.fingerprint(),
         }
@@ -177,13 +182,7 @@ class Trainer:
         self.last_valid = dict(state.get("last_valid", {}))
         self.last_valid_step = state.get("last_valid_step", -1)
         self.window.load_state_dict(state.get("log_window"))
-        # load_checkpoint maps every tensor to the training device; RNG states must be CPU tensors.
-        torch.set_rng_state(state["rng_cpu"].cpu())
-        if torch.cuda.is_available() and state["rng_cuda"]:
-            # One state per GPU of the machine that saved it (dropout on CUDA draws from these);
-            # a machine with fewer GPUs restores those it has rather than failing on the others.
-            states = [s.cpu() for s in state["rng_cuda"]][:torch.cuda.device_count()]
-            torch.cuda.set_rng_state_all(states)
+        rng_states.restore(state, self.rank, self.world_size)   # this rank's own, when saved per rank
 
     def fingerprint(self) -> dict[str, Any]:
         """What fixes the training trajectory: model and training settings, the data, and the
@@ -236,14 +235,21 @@ class Trainer:
         assert self.checkpoint_dir is not None
         return self.checkpoint_dir / checkpoint_name(step, resume_point)
 
-    def save(self, resume_point: bool = False) -> Path | None:
+    def save(self, resume_point: bool = False, unless_saved: bool = False) -> Path | None:
         """Write checkpoint_<step>.pt atomically (rank 0 only) and keep the newest K; or, with
         ``resume_point``, the resume point checkpoint_<step>.resume.pt (``checkpoint_files``), which
-        is neither counted nor pruned among the K. Either replaces any older resume point."""
+        is neither counted nor pruned among the K. Either replaces any older resume point.
+        ``unless_saved``: nothing when rank 0 already holds checkpoint_<step>.pt (the same state).
+
+        Under torch.distributed every rank calls it at the same update: the ranks' RNG states are
+        gathered into rank 0's checkpoint (``rng_states``), so its decisions are made after that."""
+        rng_ranks = rng_states.gather(self.world_size)
         if self.checkpoint_dir is None or self.rank != 0:
             return None
+        if unless_saved and self.checkpoint_path(self.step).exists():
+            return None
         path = self.checkpoint_path(self.step, resume_point)
-        save_checkpoint(path, self.state_dict())
+        save_checkpoint(path, self.state_dict(rng_ranks))
         for old in list_resume_points(self.checkpoint_dir):
             if old != path:
                 old.unlink(missing_ok=True)
@@ -265,6 +271,10 @@ class Trainer:
         budget = self.config.max_minutes
         elapsed = self.elapsed_seconds + time.monotonic() - started
         return StopVote(signal=self.stop_requested, clock=bool(budget and elapsed >= 60 * budget))
+
+    def _checkpoint_due(self, last_checkpoint: float) -> bool:
+        minutes = self.config.checkpoint_every_minutes
+        return bool(minutes and time.monotonic() - last_checkpoint >= 60 * minutes)
 
     def _updates(self):
         """Yield the batches (index arrays) of each update, from the saved data position on."""
@@ -322,7 +332,7 @@ class Trainer:
         with stop_signals(self._request_stop):
             updates = self._updates()
             # Agreed once before the first update as well: a budget already spent stops every rank.
-            _, self.stop_agreed = agree(0, self._stop_vote(started), self.world_size, self.device)
+            _, self.stop_agreed, _ = agree(0, self._stop_vote(started), self.world_size, self.device)
             while True:
                 stop = self._stop_vote(started) if self.world_size == 1 else self.stop_agreed
                 if stop or self._at_length():
@@ -332,7 +342,8 @@ class Trainer:
                     if c.validate_every == 0 and self.last_valid_step != self.step:
                         self._validate()
                     continue
-                loss_sum, nll_sum, n_tokens, update_norm, status = self._update(group, self._stop_vote(started))
+                loss_sum, nll_sum, n_tokens, update_norm, status = self._update(
+                    group, self._stop_vote(started), self._checkpoint_due(last_ckpt_time))
                 if status != "applied":
                     # Nothing was applied, so neither the step count nor the schedule moves (the
                     # batches are consumed: the data position is saved with the next checkpoint).
@@ -349,8 +360,9 @@ class Trainer:
                     self._log(grad_norm)
                 if c.validate_every and self.step % c.validate_every == 0:
                     self._validate()
-                due_minutes = (c.checkpoint_every_minutes
-                               and time.monotonic() - last_ckpt_time >= 60 * c.checkpoint_every_minutes)
+                # Several ranks: as agreed before the update (every rank takes part in a save).
+                due_minutes = (self._checkpoint_due(last_ckpt_time) if self.world_size == 1
+                               else self.checkpoint_agreed)
                 if (c.checkpoint_every_steps and self.step % c.checkpoint_every_steps == 0) or due_minutes:
                     self.elapsed_seconds += time.monotonic() - started
                     started = time.monotonic()
@@ -365,21 +377,21 @@ class Trainer:
                     self._log(grad_norm)
                 if self.last_valid_step != self.step:
                     self._validate()
-                if self.checkpoint_dir is None or not self.checkpoint_path(self.step).exists():
-                    self.save()
+                self.save(unless_saved=True)
             else:
                 self.stop_requested = True   # on the ranks that only agreed too: callbacks read it
-                if self.checkpoint_dir is not None and not self.checkpoint_path(self.step).exists():
-                    self.save(resume_point=True)   # a checkpoint of this step already holds this state
+                self.save(resume_point=True, unless_saved=True)   # a checkpoint of this step holds this state
         for cb in self.callbacks:
             cb.on_train_end(self)
         return {**self.last_valid, "train/skipped_pairs": float(self.sampler.skipped)}
 
-    def _update(self, group: list, vote: StopVote) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, str]:
+    def _update(self, group: list, vote: StopVote,
+                checkpoint_due: bool = False) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, str]:
         """One optimiser step over ``update_freq`` batches, loss normalised by target tokens.
 
-        ``vote`` (this rank's wish to stop) is summed over ranks with the token count, in the one
-        all-reduce the update needs anyway; the result is ``stop_agreed``, the same on every rank.
+        ``vote`` (this rank's wish to stop) and ``checkpoint_due`` (its clock's) are summed over
+        ranks with the token count, in the one all-reduce the update needs anyway; the results are
+        ``stop_agreed`` and ``checkpoint_agreed``, the same on every rank.
         Returns (loss sum, NLL sum, target tokens, gradient norm, status): status is "applied",
         "non-finite" (a NaN or infinite loss, or gradient without a loss scaler: not applied) or
         "overflow" (fp16: the loss scaler found inf/NaN gradients, skipped the step and lowered
@@ -389,7 +401,8 @@ class Trainer:
         c = self.config
         batches = [collate(self.train_data, idx, c.pad_multiple) for idx in group]
         n_tokens = sum(b.n_target_tokens for b in batches)
-        total_tokens, self.stop_agreed = agree(n_tokens, vote, self.world_size, self.device)
+        total_tokens, self.stop_agreed, self.checkpoint_agreed = agree(
+            n_tokens, vote, self.world_size, self.device, checkpoint_due)
         # DDP averages gradients over ranks; scale so the result is the mean over all tokens.
         norm = self.world_size / max(total_tokens, 1)
         loss_sum = torch.zeros((), device=self.device)
