@@ -4,6 +4,7 @@ background logger (``buffer``), the training time logged at each checkpoint and 
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -66,8 +67,12 @@ class MlflowCallback(TrainerCallback):
         parent = self.continued_from
         init_from = self.params.get("train.init_from")
         if parent is None and init_from and Path(str(init_from)).is_file():
-            parent = lookup_run(LINK_MODEL, file_sha256(Path(str(init_from))), self.experiment)
-            parent = parent or lookup_run(LINK_CHECKPOINT, file_sha256(Path(str(init_from))), self.experiment)
+            sha = file_sha256(Path(str(init_from)))
+            try:   # a lineage the store cannot tell is no reason to train unrecorded
+                parent = lookup_run(LINK_MODEL, sha, self.experiment) or lookup_run(LINK_CHECKPOINT, sha,
+                                                                                   self.experiment)
+            except Exception as err:
+                print(f"warning: MLflow lineage lookup of {init_from} failed ({type(err).__name__})", file=sys.stderr)
         return {LINEAGE: parent} if parent else {}
 
     def _send_missing_history(self) -> None:
