@@ -99,5 +99,5 @@ docs: setup  ## docs/figures: the paper's figures and worked numbers (with the t
 	  $(if $(and $(wildcard models/model.pt),$(wildcard data/tokenizer/spm.model)),--model models/model.pt --tokenizer data/tokenizer/spm.model)
 
 clean:  ## remove outputs (keeps .venv and the MLflow store)
-	rm -rf data/corpus data/tokenizer data/tokens models reports/attention reports/translations \
+	rm -rf data/corpus data/references data/tokenizer data/tokens models reports/attention reports/translations \
 	       reports/*.csv reports/*.json

@@ -5,6 +5,8 @@
 Ranks by ``valid_bleu``: the validation BLEU of the averaged model with the decoding settings chosen
 on the validation set (the tune stage). Development data decides, test data reports: the test sets'
 BLEU and chrF are columns of the table, never the ranking; runs without the ranking metric come last.
+Where runs logged the literature's BLEU (``bleu_lc_tok``, Multi30k: lowercased, Moses-tokenized, against
+upstream's tokenized references), its validation and test figures are columns too, never ranking.
 Prints a markdown table, writes it to ``reports/compare.md`` and draws the runs' validation
 perplexity curves into ``reports/compare_valid.png``. Built on ``mlflow.search_runs`` and pandas.
 """
@@ -25,6 +27,7 @@ import pandas as pd  # noqa: E402
 
 from pipeline.config.params import load_params  # noqa: E402
 from pipeline.experiments.ranking import RANK_METRIC  # noqa: E402
+from pipeline.scoring.reports import LITERATURE_KEY  # noqa: E402
 from pipeline.tracking import store  # noqa: E402
 from transformer.atomic import atomic_write, write_text  # noqa: E402
 
@@ -63,10 +66,20 @@ def runs_table(experiment: str, metric: str = RANK_METRIC,
     for name in shown_sets:
         table[f"test BLEU {name}"] = runs[f"metrics.test/{name}/bleu"].round(2)
         table[f"test chrF {name}"] = runs.get(f"metrics.test/{name}/chrf", nan).round(2)
+    for name in logged_sets(runs, "dev", LITERATURE_KEY):   # reported beside the ranking, never ranking
+        table[f"val BLEU lc.tok {name}"] = runs[f"metrics.dev/{name}/{LITERATURE_KEY}"].round(2)
+    for name in [s for s in shown_sets if s in logged_sets(runs, "test", LITERATURE_KEY)]:
+        table[f"test BLEU lc.tok {name}"] = runs[f"metrics.test/{name}/{LITERATURE_KEY}"].round(2)
     table["valid ppl"] = runs.get("metrics.valid/ppl", nan).round(2)
     for col in differing:
         table[col[len("params."):]] = runs[col]
     return table.reset_index(drop=True), [c[len("params."):] for c in differing]
+
+
+def logged_sets(runs: pd.DataFrame, role: str, key: str) -> list[str]:
+    """The sets some run logged ``<role>/<set>/<key>`` for, sorted."""
+    prefix, suffix = f"metrics.{role}/", f"/{key}"
+    return sorted(c[len(prefix):-len(suffix)] for c in runs.columns if c.startswith(prefix) and c.endswith(suffix))
 
 
 # Columns of text that look like numbers to tabulate: a run id such as "02608e68" would print as

@@ -31,7 +31,7 @@ from prefect.cache_policies import NO_CACHE
 
 from pipeline.stages.parent_death import with_parent_death_signal
 
-STAGES = ("download", "tokenizer", "train", "average", "tune", "evaluate")   # the order of dvc.yaml's DAG
+STAGES = ("download", "references", "tokenizer", "train", "average", "tune", "evaluate")   # dvc.yaml's order
 USER_ERROR = 2                       # run_stage's exit status for bad params, data or checkpoints
 NETWORK_ERROR = "could not download"  # pipeline.data.fetch.fetch_file, after its own retries
 STOP_GRACE_S = 60.0                  # a train stage saves its checkpoint well within this
@@ -42,6 +42,7 @@ _OVERRIDE = re.compile(r"^[A-Za-z_][\w.\-\[\]]*=.*$")
 # newest checkpoint (models/checkpoints is a persist: true output), so a retry loses little work.
 RETRIES: dict[str, tuple[int, list[float]]] = {
     "download": (3, [10, 60, 180]),
+    "references": (3, [10, 60, 180]),   # downloads too
     "tokenizer": (1, [10]),
     "train": (2, [30, 120]),
     "average": (1, [10]),

@@ -42,7 +42,13 @@ from pipeline.flows.gate import (
     promote_if_better,
     translate_with_version,
 )
-from pipeline.scoring.reports import DECODING, EVALUATE_SCORES, scores_of_dev_sets, scores_of_test_sets
+from pipeline.scoring.reports import (
+    DECODING,
+    EVALUATE_SCORES,
+    LITERATURE_KEY,
+    scores_of_dev_sets,
+    scores_of_test_sets,
+)
 from pipeline.tracking import links, store
 
 METRICS_ARTIFACT = "training-metrics"
@@ -99,10 +105,14 @@ def metrics_markdown(metrics: dict[str, Any], run_id: str | None) -> str:
     """``metrics``: ``reports/evaluate/scores.json`` (the signatures, where each setting came from)."""
     rows = [(name, "validation", m) for name, m in scores_of_dev_sets(metrics).items()]
     rows += [(name, "test", m) for name, m in scores_of_test_sets(metrics).items()]
+    # The literature's BLEU (Multi30k) in a column of its own, never mixed with sacreBLEU's.
+    literature = any(LITERATURE_KEY in m for _, _, m in rows)
     lines = ["# Training pipeline: scores", "",
-             "| set | role | BLEU | chrF | sentences |", "|---|---|---:|---:|---:|"]
+             "| set | role | BLEU | chrF | sentences |" + (" BLEU lc.tok (the literature's) |" if literature else ""),
+             "|---|---|---:|---:|---:|" + ("---:|" if literature else "")]
     for name, role, m in rows:
-        lines.append(f"| {name} | {role} | {m.get('bleu', '')} | {m.get('chrf', '')} | {m.get('sentences', '')} |")
+        lines.append(f"| {name} | {role} | {m.get('bleu', '')} | {m.get('chrf', '')} | {m.get('sentences', '')} |"
+                     + (f" {m.get(LITERATURE_KEY, '')} |" if literature else ""))
     d = metrics.get(DECODING)
     if d:
         lines += ["", f"Decoding: beam {d.get('beam_size')} ({d.get('beam_size_from')}), alpha {d.get('alpha')} "

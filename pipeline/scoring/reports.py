@@ -29,6 +29,10 @@ EVALUATE_SCORES = EVALUATE_DIR / "scores.json"  # the detail of reports/metrics.
 # DECODING: the settings used}. The test sets sit under their own key so that a new top-level key
 # is never mistaken for one.
 TEST, DEV, DECODING = "test", "dev", "decoding"
+# A set's score beside sacreBLEU's where the data set publishes tokenized references (Multi30k): the
+# literature's BLEU (pipeline/scoring/literature_bleu.py), reported, never ranking, never compared with sacreBLEU.
+LITERATURE_KEY = "bleu_lc_tok"
+LITERATURE_LABEL = "lowercased, Moses-tokenized, vs upstream lc.norm.tok references (the literature's)"
 
 
 def scores_of_test_sets(metrics: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

@@ -13,14 +13,15 @@ Writes (docs/metrics.md), no time in either (a DVC output follows from the deps 
 
 - ``reports/metrics.json``, the DVC metric, what ``dvc metrics show`` prints::
 
-    {"test": {<test set>: {"bleu", "chrf"}},       # sacreBLEU; WMT sets add "bleu_tok_compound_split"
-     "dev": {<valid_set>: {"bleu", "chrf"}},       # what the promotion gate judges
+    {"test": {<test set>: {"bleu", "chrf"}},       # sacreBLEU; WMT sets add "bleu_tok_compound_split",
+                                                   # Multi30k sets "bleu_lc_tok" (the literature's)
+     "dev": {<valid_set>: {"bleu", "chrf"}},       # what the promotion gate judges (+ "bleu_lc_tok")
      "decoding": {"beam_size", "alpha", "stopping"}}   # the settings used
 
 - ``reports/evaluate/scores.json``, a DVC output: the same keys and every detail, per set
   ``length_ratio``, ``sentences``, the sacreBLEU ``signature`` and ``chrf_signature`` (test sets),
-  the paper's BLEU's description, ``translated_by`` (validation: this stage or the tune stage); under
-  ``decoding`` also ``<setting>_from`` (params or tune), ``max_len_b`` and ``precision``.
+  the paper's BLEU's or the literature's BLEU's description, ``translated_by`` (validation: this stage
+  or the tune stage); under ``decoding`` also ``<setting>_from`` (params or tune), ``max_len_b`` and ``precision``.
 """
 
 from __future__ import annotations
@@ -37,13 +38,16 @@ from pipeline.config.data import DataParams
 from pipeline.config.decoding_sections import EvaluateParams
 from pipeline.config.loader import Sections, load_sections
 from pipeline.config.tracking import TrackingParams
+from pipeline.data.references import tokenized_references
 from pipeline.data.text_files import read_lines
 from pipeline.figures.attention_plots import plot_attention
+from pipeline.scoring.literature_bleu import literature_score
 from pipeline.scoring.paper_bleu import bleu_tok_compound_split
 from pipeline.scoring.reports import (
     DECODING,
     DEV,
     EVALUATE_SCORES,
+    LITERATURE_KEY,
     TEST,
     TUNE_DIR,
     TUNE_RUN,
@@ -61,7 +65,7 @@ from transformer.search import attention_weights
 
 PAPER_KEY = "bleu_tok_compound_split"
 # reports/metrics.json's per-set scores and decoding settings; the rest is reports/evaluate/scores.json's.
-HEADLINE_SCORES = ("bleu", "chrf", PAPER_KEY)
+HEADLINE_SCORES = ("bleu", "chrf", PAPER_KEY, LITERATURE_KEY)
 HEADLINE_DECODING = ("beam_size", "alpha", "stopping")
 
 
@@ -72,9 +76,20 @@ def paper_score(hypotheses: list[str], references: list[str], lang: str) -> dict
     return {PAPER_KEY: round(result.score, 2), f"{PAPER_KEY}_description": result.description}
 
 
+def literature(hypotheses: list[str], split: str, lang: str) -> dict[str, Any]:
+    """The literature's BLEU of ``split`` (``bleu_lc_tok``: lowercased, Moses-tokenized, against
+    upstream's ``lc.norm.tok`` references of the references stage) and its description; {} where the
+    data set publishes no such references. Reported only, never compared with sacreBLEU."""
+    found = tokenized_references(split)
+    if found is None:
+        return {}
+    references, url = found
+    return literature_score(hypotheses, references, lang, url)
+
+
 def headline(detail: dict[str, Any]) -> dict[str, Any]:
     """``reports/metrics.json`` from ``reports/evaluate/scores.json``: per set its BLEU and chrF (and
-    the paper's BLEU where measured), and the decoding settings used."""
+    the paper's or the literature's BLEU where measured), and the decoding settings used."""
     def pick(scores: dict[str, Any]) -> dict[str, Any]:
         return {k: scores[k] for k in HEADLINE_SCORES if k in scores}
 
@@ -153,6 +168,10 @@ def evaluate(params: Sections) -> dict[str, Any]:
             tests[test_set].update(paper_score(hypotheses, references, data.tgt_lang))
             print(f"{test_set}: {PAPER_KEY} {tests[test_set][PAPER_KEY]:.2f}, as the paper measured BLEU "
                   f"(not sacreBLEU): {tests[test_set][PAPER_KEY + '_description']}", flush=True)
+        tests[test_set].update(literature(hypotheses, test_set, data.tgt_lang))
+        if LITERATURE_KEY in tests[test_set]:
+            print(f"{test_set}: {LITERATURE_KEY} {tests[test_set][LITERATURE_KEY]:.2f}, "
+                  f"{tests[test_set][LITERATURE_KEY + '_description']}", flush=True)
         if test_set == data.test_sets[0] and e.attention_sentences:
             draw_attention(translator, sources, e.attention_sentences, paths.ATTENTION_DIR)
 
@@ -168,11 +187,12 @@ def evaluate(params: Sections) -> dict[str, Any]:
     write_lines(paths.TRANSLATIONS_DIR / f"{data.valid_set}.{data.tgt_lang}", hypotheses)
     scores = score(hypotheses, references)   # the signatures are the test sets'
     dev = {**{k: scores[k] for k in ("bleu", "chrf", "length_ratio")}, "sentences": len(sources),
-           "translated_by": source}
+           "translated_by": source, **literature(hypotheses, data.valid_set, data.tgt_lang)}
     if source == "evaluate":
         decode_seconds[data.valid_set] = seconds
     print(f"{data.valid_set} (validation): BLEU {dev['bleu']:.2f}  chrF {dev['chrf']:.2f}  ({len(sources)} "
-          f"sentences, {'from the tune stage' if source == 'tune' else f'{seconds:.0f} s'})", flush=True)
+          f"sentences, {'from the tune stage' if source == 'tune' else f'{seconds:.0f} s'})"
+          + (f"  {LITERATURE_KEY} {dev[LITERATURE_KEY]:.2f}" if LITERATURE_KEY in dev else ""), flush=True)
     detail = {TEST: tests, DEV: {data.valid_set: dev},
               DECODING: {**decoding.as_dict(), "max_len_b": e.max_len_b, "precision": e.precision}}
     write_json(EVALUATE_SCORES, detail)
@@ -197,10 +217,13 @@ def track(params: Sections, metrics: dict[str, Any], decoding: Decoding, seconds
               **{f"time/decode_seconds/{name}": t for name, t in (decode_seconds or {}).items()}}
     for test_set, m in scores_of_test_sets(metrics).items():
         values.update({f"test/{test_set}/bleu": m["bleu"], f"test/{test_set}/chrf": m["chrf"]})
-        if PAPER_KEY in m:
-            values[f"test/{test_set}/{PAPER_KEY}"] = m[PAPER_KEY]
+        for key in (PAPER_KEY, LITERATURE_KEY):
+            if key in m:
+                values[f"test/{test_set}/{key}"] = m[key]
     for dev_set, m in metrics[DEV].items():
         values.update({f"dev/{dev_set}/bleu": m["bleu"], f"dev/{dev_set}/chrf": m["chrf"]})
+        if LITERATURE_KEY in m:   # reported, never ranking: valid_bleu (sacreBLEU) ranks
+            values[f"dev/{dev_set}/{LITERATURE_KEY}"] = m[LITERATURE_KEY]
     # What a sweep ranks runs by: val BLEU with the settings this run's model is registered with.
     values["valid_bleu"] = metrics[DEV][params.data.valid_set]["bleu"]
     # Sent now, or kept with copies of its files (the model pinned by its sha256) in the unsent queue

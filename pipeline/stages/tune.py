@@ -18,10 +18,11 @@ Writes (docs/metrics.md)
      "valid_bleu": <sacreBLEU of the chosen point on data.valid_set>}
 
 - in ``reports/tune/`` (a DVC output): ``scores.json``, the detail (``valid_set``, ``sentences``, the
-  ``rule``, ``chosen`` with its BLEU, chrF and length ratio, the sacreBLEU ``signature`` and the whole
-  ``grid``: every point's settings, BLEU, chrF and length ratio); ``<valid_set>.<tgt_lang>``, the
-  validation translations with the chosen settings, which the evaluate stage reuses; ``run.json``,
-  the model's hash and the settings they were decoded with;
+  ``rule``, ``chosen`` with its BLEU, chrF and length ratio (and, for Multi30k, ``bleu_lc_tok``, the
+  literature's BLEU, reported and never choosing, with ``bleu_lc_tok_description``), the sacreBLEU
+  ``signature`` and the whole ``grid``: every point's settings, BLEU, chrF and length ratio);
+  ``<valid_set>.<tgt_lang>``, the validation translations with the chosen settings, which the
+  evaluate stage reuses; ``run.json``, the model's hash and the settings they were decoded with;
 
 and logs ``tune.*`` params, ``valid_bleu``, the grid as a table and the decoding times into the
 model's MLflow run (found by the model's sha256), which it tags as the run tune logged into. Times
@@ -40,8 +41,10 @@ from pipeline.config.data import DataParams
 from pipeline.config.decoding_sections import EvaluateParams, TuneParams
 from pipeline.config.loader import Sections, load_sections
 from pipeline.config.tracking import TrackingParams
+from pipeline.data.references import tokenized_references
 from pipeline.data.text_files import read_lines
-from pipeline.scoring.reports import TUNE_DIR, TUNE_RUN, TUNE_SCORES
+from pipeline.scoring.literature_bleu import literature_score
+from pipeline.scoring.reports import LITERATURE_KEY, TUNE_DIR, TUNE_RUN, TUNE_SCORES
 from pipeline.scoring.sacrebleu_scores import score
 from pipeline.serving.decoding import TUNE_REPORT
 from pipeline.serving.split_decoding import build_translator, load_averaged, split_files
@@ -76,6 +79,17 @@ def choose(points: list[dict[str, Any]]) -> dict[str, Any]:
 def headline(report: dict[str, Any]) -> dict[str, Any]:
     """``reports/tune.json`` from ``reports/tune/scores.json``: the chosen settings and their BLEU."""
     return {"chosen": {k: report["chosen"][k] for k in SETTINGS}, "valid_bleu": report["chosen"]["bleu"]}
+
+
+def literature(hypotheses: list[str], valid_set: str, lang: str) -> dict[str, Any]:
+    """The literature's BLEU (``bleu_lc_tok``) of the chosen point's translations of the first
+    ``len(hypotheses)`` validation sentences, and its description; {} where the data set has no
+    tokenized references. Computed after the choice, for the chosen point only: it never ranks."""
+    found = tokenized_references(valid_set)
+    if found is None:
+        return {}
+    references, url = found
+    return literature_score(hypotheses, references[:len(hypotheses)], lang, url)
 
 
 def search(translator: Translator, sources: list[str], references: list[str], points: list[Point],
@@ -115,8 +129,11 @@ def tune(params: Sections) -> dict[str, Any]:
     seconds = time.monotonic() - start_all
     best = outputs[(chosen["beam_size"], chosen["alpha"], chosen["stopping"])]
     signature = score(best, references)["signature"]
+    measured = literature(best, data.valid_set, data.tgt_lang)   # after the choice: it never ranks
     report = {"valid_set": data.valid_set, "sentences": len(sources), "rule": RULE,
-              "chosen": {k: chosen[k] for k in (*SETTINGS, "bleu", "chrf", "length_ratio")},
+              "chosen": {**{k: chosen[k] for k in (*SETTINGS, "bleu", "chrf", "length_ratio")},
+                         **{k: v for k, v in measured.items() if k == LITERATURE_KEY}},
+              **{k: v for k, v in measured.items() if k != LITERATURE_KEY},
               "signature": signature, "grid": points}
     write_lines(TUNE_DIR / f"{data.valid_set}.{data.tgt_lang}", best)
 
@@ -128,6 +145,9 @@ def tune(params: Sections) -> dict[str, Any]:
                           "max_len_b": e.max_len_b, "batch_sentences": e.batch_sentences, "precision": e.precision})
     print(f"chosen: beam {chosen['beam_size']}, alpha {chosen['alpha']:g}, stopping {chosen['stopping']} (BLEU "
           f"{chosen['bleu']:.2f} on {data.valid_set}; {RULE}) in {seconds:.0f} s", flush=True)
+    if LITERATURE_KEY in measured:
+        print(f"{data.valid_set}: {LITERATURE_KEY} {measured[LITERATURE_KEY]:.2f} with the chosen settings "
+              f"(reported, never choosing): {measured[LITERATURE_KEY + '_description']}", flush=True)
     if record_run:
         record(params, chosen, report, model_sha256, seconds, times)
     return report

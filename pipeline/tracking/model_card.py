@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline.scoring.reports import TEST
+from pipeline.scoring.reports import LITERATURE_KEY, LITERATURE_LABEL, TEST
 from pipeline.tracking.store import client
 
 # What each data set's text is: the card's domain limit. Unknown data sets get a generic line.
@@ -75,6 +75,12 @@ def model_card(name: str, version: str, run: Any, *, metrics: Mapping[str, Any],
     epochs = m.get("train/epochs")
     scores = scores_of_test_sets(metrics)
     dev = next(iter((metrics.get("dev") or {}).items()), None)
+    # The literature's BLEU (Multi30k): a column of its own where measured, never mixed with sacreBLEU's.
+    literature = any(LITERATURE_KEY in v for v in scores.values())
+    lit_head, lit_rule = (" BLEU lc.tok (the literature's) |", "---:|") if literature else ("", "")
+
+    def lit_cell(v: Mapping[str, Any]) -> str:
+        return (f" {v[LITERATURE_KEY]:.2f} |" if LITERATURE_KEY in v else " - |") if literature else ""
 
     def origin(key: str) -> str:
         where = decoding.get(f"{key}_from") or t.get(f"decoding.{key}_from")
@@ -89,16 +95,21 @@ def model_card(name: str, version: str, run: Any, *, metrics: Mapping[str, Any],
         f"{cfg.get('n_encoder_layers')}+{cfg.get('n_decoder_layers')} layers, {cfg.get('n_heads')} heads, "
         f"{cfg.get('max_positions')} positions).", "",
         "## Scores", "",
-        "| test set | BLEU | chrF | sentences |", "|---|---:|---:|---:|",
-        *[f"| {s} | {v['bleu']:.2f} | {v.get('chrf', float('nan')):.2f} | {v.get('sentences', '?')} |"
+        f"| test set | BLEU | chrF | sentences |{lit_head}", f"|---|---:|---:|---:|{lit_rule}",
+        *[f"| {s} | {v['bleu']:.2f} | {v.get('chrf', float('nan')):.2f} | {v.get('sentences', '?')} |{lit_cell(v)}"
           for s, v in scores.items()],
         "",
         *[f"- {s}: sacreBLEU `{v['signature']}`" + (f", chrF `{v['chrf_signature']}`" if v.get("chrf_signature")
                                                     else "") for s, v in scores.items()],
     ]
+    if literature:
+        lines.append(f"- BLEU lc.tok: {LITERATURE_LABEL}; the measure of published Multi30k results, "
+                     "not comparable with sacreBLEU's")
     if dev:
         lines.append(f"- validation ({dev[0]}, the development set that chose decoding and promotion): "
-                     f"BLEU {dev[1].get('bleu', float('nan')):.2f}")
+                     f"BLEU {dev[1].get('bleu', float('nan')):.2f}"
+                     + (f" (BLEU lc.tok {dev[1][LITERATURE_KEY]:.2f}, reported only)" if LITERATURE_KEY in dev[1]
+                        else ""))
     lines += [
         "", "## Decoding", "",
         f"Beam size {decoding.get('beam_size')} ({origin('beam_size')}), length penalty alpha "
@@ -163,6 +174,8 @@ def model_card(name: str, version: str, run: Any, *, metrics: Mapping[str, Any],
         tags.update({f"bleu.{s}": f"{v['bleu']:.2f}", f"sacrebleu.{s}": v["signature"]})
         if "chrf" in v:
             tags[f"chrf.{s}"] = f"{v['chrf']:.2f}"
+        if LITERATURE_KEY in v:
+            tags[f"{LITERATURE_KEY}.{s}"] = f"{v[LITERATURE_KEY]:.2f}"
     if dev:
         tags[f"bleu.dev.{dev[0]}"] = f"{dev[1].get('bleu', float('nan')):.2f}"
     return description, {k: v for k, v in tags.items() if v}

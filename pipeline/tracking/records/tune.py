@@ -1,7 +1,8 @@
 """The tune stage's record: the model's run (a child when ``tune`` params changed), tagged as the run
 evaluate logs into, with ``valid_bleu`` (the chosen point's validation BLEU: what sweeps rank by),
-its chrF and length ratio, the whole grid as a table artifact (``tune/grid.json``, with each point's
-decoding time, which the report file leaves out) and the report file."""
+its chrF, length ratio and, for Multi30k, the literature's BLEU (``tune/valid_bleu_lc_tok``, never
+ranking), the whole grid as a table artifact (``tune/grid.json``, with each point's decoding time,
+which the report file leaves out) and the report file."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 from mlflow.entities import Metric
 
+from pipeline.scoring.reports import LITERATURE_KEY
 from pipeline.tracking.links import LINK_MODEL, LINK_TUNED, lookup_run
 from pipeline.tracking.runs import not_tracked, own_run
 from pipeline.tracking.store import client
@@ -35,6 +37,8 @@ def send(data: Mapping[str, Any], files: Mapping[str, Path], progress: MutableMa
     chosen, now = data["report"]["chosen"], int(data["timestamp"])
     values = {"valid_bleu": chosen["bleu"], "tune/valid_chrf": chosen["chrf"],
               "tune/valid_length_ratio": chosen["length_ratio"], "time/tune_seconds": data["seconds"]}
+    if LITERATURE_KEY in chosen:   # the literature's BLEU (Multi30k), reported: valid_bleu ranks
+        values[f"tune/valid_{LITERATURE_KEY}"] = chosen[LITERATURE_KEY]
     c.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in values.items()])
     grid = [dict(point) for point in data["report"]["grid"]]
     for point, seconds in zip(grid, data.get("times") or []):

@@ -73,3 +73,23 @@ def test_run_ids_and_names_that_look_like_numbers_print_verbatim():
     assert [row[:3] for row in rows] == [["02608e68", "1e5", "FINISHED"], ["00012345", "007", "FINISHED"]]
     assert [row[header.index("valid_bleu (ranks)")] for row in rows] == ["12.5", "nan"]
     assert [row[header.index("train.lr_scale")] for row in rows] == ["0.6", "1"]
+
+
+def test_the_literatures_bleu_is_a_column_never_the_ranking(store):
+    """Runs that logged bleu_lc_tok (Multi30k) show it for the validation and test sets; the ranking stays
+    valid_bleu's even where the literature's measure orders the runs the other way."""
+    exp = store.create_experiment("literature")
+    log_run(store, exp, "a", {"valid_bleu": 30.0, "dev/val/bleu_lc_tok": 20.0, "test/t1/bleu": 10.0,
+                              "test/t1/bleu_lc_tok": 11.0}, "0.4")
+    log_run(store, exp, "b", {"valid_bleu": 25.0, "dev/val/bleu_lc_tok": 40.0, "test/t1/bleu": 12.0,
+                              "test/t1/bleu_lc_tok": 33.0}, "0.5")
+    log_run(store, exp, "wmt", {"valid_bleu": 10.0, "test/t1/bleu": 5.0}, "0.6")   # no literature measure
+    table, _ = compare.runs_table("literature", test_sets=["t1"])
+    assert table["name"].tolist() == ["a", "b", "wmt"]
+    assert table["val BLEU lc.tok val"].tolist()[:2] == [20.0, 40.0] and math.isnan(table["val BLEU lc.tok val"][2])
+    assert table["test BLEU lc.tok t1"].tolist()[:2] == [11.0, 33.0]
+    with pytest.raises(ValueError, match="never used to rank"):
+        compare.runs_table("literature", "test/t1/bleu_lc_tok")
+    log_run(store, store.create_experiment("wmt14"), "wmt", {"valid_bleu": 10.0, "test/t1/bleu": 5.0}, "0.6")
+    plain, _ = compare.runs_table("wmt14", test_sets=["t1"])
+    assert not [c for c in plain.columns if "lc.tok" in c]

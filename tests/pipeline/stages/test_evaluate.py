@@ -1,10 +1,14 @@
 """pipeline/stages/evaluate.py: sacrebleu scores with signatures, translations, attention heatmaps,
-the decoding settings used and where they came from, the validation translations the gate judges."""
+the decoding settings used and where they came from, the validation translations the gate judges, and
+the literature's BLEU beside sacreBLEU's."""
 
 import json
 
 import matplotlib.image as mpimg
 import sacrebleu
+from mlflow.tracking import MlflowClient
+
+from pipeline.scoring.literature_bleu import LABEL, bleu_lc_tok
 
 
 def test_metrics_match_sacrebleu_on_the_written_translations(workspace):
@@ -21,13 +25,15 @@ def test_metrics_match_sacrebleu_on_the_written_translations(workspace):
 
 
 def test_the_metric_file_is_the_details_headline(workspace):
-    """reports/metrics.json (what `dvc metrics show` prints) holds per set BLEU and chrF and the decoding
-    settings used, each equal to its detail in reports/evaluate/scores.json; nothing else."""
+    """reports/metrics.json (what `dvc metrics show` prints) holds per set BLEU and chrF (and, Multi30k,
+    the literature's BLEU) and the decoding settings used, each equal to its detail in
+    reports/evaluate/scores.json; nothing else."""
     metrics = json.loads((workspace.path / "reports/metrics.json").read_text())
     detail = json.loads((workspace.path / "reports/evaluate/scores.json").read_text())
     assert set(metrics) == set(detail) == {"test", "dev", "decoding"}
     for group in ("test", "dev"):
-        assert metrics[group] == {name: {"bleu": m["bleu"], "chrf": m["chrf"]} for name, m in detail[group].items()}
+        assert metrics[group] == {name: {k: m[k] for k in ("bleu", "chrf", "bleu_lc_tok")}
+                                  for name, m in detail[group].items()}
     assert metrics["decoding"] == {k: detail["decoding"][k] for k in ("beam_size", "alpha", "stopping")}
 
 
@@ -66,3 +72,26 @@ def test_validation_translations_for_the_gate(workspace):
     assert dev["sentences"] == len(hyps) == len(refs) == 1014 and dev["translated_by"] == "evaluate"
     assert dev["bleu"] == round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2)
     assert set(metrics) == {"test", "dev", "decoding"} and list(metrics["test"]) == ["test_2016_flickr"]
+
+
+def test_the_literatures_bleu_beside_sacrebleu(workspace):
+    """Multi30k: each set's bleu_lc_tok is the translations lowercased and Moses-tokenized against
+    upstream's lc.norm.tok references (the references stage's data/references/), labelled, in the
+    headline, the detail and MLflow; reported, never ranking (valid_bleu stays sacreBLEU's)."""
+    manifest = json.loads((workspace.path / "data/references/manifest.json").read_text())
+    assert list(manifest["sets"]) == ["val", "test_2016_flickr"]
+    detail = json.loads((workspace.path / "reports/evaluate/scores.json").read_text())
+    metrics = json.loads((workspace.path / "reports/metrics.json").read_text())
+    logged = [r.data.metrics for r in MlflowClient(workspace.tracking_uri).search_runs(
+        [e.experiment_id for e in MlflowClient(workspace.tracking_uri).search_experiments()])]
+    for group, split in (("test", "test_2016_flickr"), ("dev", "val")):
+        hyps = (workspace.path / f"reports/translations/{split}.de").read_text().splitlines()
+        refs = (workspace.path / f"data/references/{split}.de").read_text().splitlines()
+        expected = bleu_lc_tok(hyps, refs, "de", manifest["sets"][split]["url"])
+        scores = detail[group][split]
+        assert scores["bleu_lc_tok"] == metrics[group][split]["bleu_lc_tok"] == round(expected.score, 2)
+        assert scores["bleu_lc_tok_description"] == expected.description
+        assert scores["bleu_lc_tok_description"].startswith(LABEL) and "lc.norm.tok.de" in expected.description
+        assert "bleu_lc_tok_description" not in metrics[group][split]
+        assert any(m.get(f"{group}/{split}/bleu_lc_tok") == scores["bleu_lc_tok"] for m in logged)
+    assert "bleu_tok_compound_split" not in detail["test"]["test_2016_flickr"]   # WMT's paper measure only

@@ -12,6 +12,7 @@ import sacrebleu
 from mlflow.tracking import MlflowClient
 
 from pipeline.config.params import TuneParams
+from pipeline.scoring.literature_bleu import LABEL, bleu_lc_tok
 from pipeline.stages.tune import RULE, choose, grid
 from pipeline.tracking import links
 from transformer.atomic import file_sha256
@@ -56,8 +57,12 @@ def test_report_chosen_translations_and_run_record(workspace):
     assert all(set(p) == {"beam_size", "alpha", "stopping", "bleu", "chrf", "length_ratio"} for p in report["grid"])
     assert "seconds" not in report
     chosen = choose(report["grid"])
-    assert report["chosen"] == {k: chosen[k] for k in ("beam_size", "alpha", "stopping", "bleu", "chrf",
-                                                        "length_ratio")}
+    # the literature's BLEU of the chosen point, after the choice: reported, never choosing
+    refs_tok = (workspace.path / "data/references/val.de").read_text().splitlines()
+    literature = bleu_lc_tok((workspace.path / "reports/tune/val.de").read_text().splitlines(), refs_tok, "de")
+    assert report["chosen"] == {**{k: chosen[k] for k in ("beam_size", "alpha", "stopping", "bleu", "chrf",
+                                                           "length_ratio")}, "bleu_lc_tok": round(literature.score, 2)}
+    assert report["bleu_lc_tok_description"].startswith(LABEL)
     # the DVC metric (`dvc metrics show`): the chosen settings, which evaluate and serving read, and their BLEU
     assert json.loads((workspace.path / "reports/tune.json").read_text()) == {
         "chosen": {k: chosen[k] for k in ("beam_size", "alpha", "stopping")}, "valid_bleu": chosen["bleu"]}
@@ -81,6 +86,7 @@ def test_report_chosen_translations_and_run_record(workspace):
     history = [m.value for m in sorted(client.get_metric_history(logged.info.run_id, "valid_bleu"),
                                        key=lambda m: m.timestamp)]
     assert history[0] == chosen["bleu"] and logged.data.metrics["time/tune_seconds"] > 0
+    assert logged.data.metrics["tune/valid_bleu_lc_tok"] == report["chosen"]["bleu_lc_tok"]
     mlflow.set_tracking_uri(workspace.tracking_uri)   # load_table searches the runs through the global store
     table = client.load_table(logged.info.experiment_id, "tune/grid.json", run_ids=[logged.info.run_id])
     assert list(table["alpha"]) == pytest.approx([0.6, 0.6, 1.0, 1.0])

@@ -1,0 +1,43 @@
+"""pipeline/tracking/model_card.py: the card's scores table and tags, the literature's BLEU (Multi30k)
+in a column of its own beside sacreBLEU's, absent where a data set has none (WMT14)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from pipeline.scoring.reports import LITERATURE_LABEL
+from pipeline.tracking.model_card import model_card
+
+SIGNATURE = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
+DECODING = {"beam_size": 4, "alpha": 1.75, "stopping": "fairseq", "max_len_b": 50, "precision": "bf16"}
+CONFIG = {"d_model": 256, "n_encoder_layers": 3, "n_decoder_layers": 3, "n_heads": 4, "max_positions": 256}
+
+
+def fake_run(dataset: str = "multi30k") -> SimpleNamespace:
+    return SimpleNamespace(data=SimpleNamespace(params={"model.preset": "laptop"},
+                                                tags={"dataset": dataset, "language_pair": "en-de"}, metrics={}),
+                           info=SimpleNamespace(run_id="0123abcd", run_name="laptop-run"))
+
+
+def test_the_literatures_bleu_has_its_own_column_and_tag():
+    metrics = {"test": {"test_2016_flickr": {"bleu": 37.99, "chrf": 62.48, "sentences": 1000, "signature": SIGNATURE,
+                                             "bleu_lc_tok": 38.4, "bleu_lc_tok_description": "..."}},
+               "dev": {"val": {"bleu": 39.37, "chrf": 64.1, "bleu_lc_tok": 40.12}}}
+    card, tags = model_card("transformer-en-de", "3", fake_run(), metrics=metrics, decoding=DECODING,
+                            model_config=CONFIG)
+    assert "| test set | BLEU | chrF | sentences | BLEU lc.tok (the literature's) |" in card
+    assert "| test_2016_flickr | 37.99 | 62.48 | 1000 | 38.40 |" in card
+    assert f"- BLEU lc.tok: {LITERATURE_LABEL}" in card and "not comparable with sacreBLEU's" in card
+    assert "BLEU 39.37 (BLEU lc.tok 40.12, reported only)" in card
+    assert tags["bleu.test_2016_flickr"] == "37.99" and tags["bleu_lc_tok.test_2016_flickr"] == "38.40"
+
+
+def test_no_column_where_the_data_set_has_no_literature_measure():
+    metrics = {"test": {"newstest2014": {"bleu": 27.1, "chrf": 57.0, "sentences": 3003, "signature": SIGNATURE,
+                                         "bleu_tok_compound_split": 27.9}},
+               "dev": {"newstest2013": {"bleu": 26.0, "chrf": 55.0}}}
+    card, tags = model_card("transformer-en-de", "1", fake_run("wmt14_en_de"), metrics=metrics, decoding=DECODING,
+                            model_config=CONFIG)
+    assert ("| test set | BLEU | chrF | sentences |\n|---|---:|---:|---:|\n"
+            "| newstest2014 | 27.10 | 57.00 | 3003 |") in card
+    assert "lc.tok" not in card and not any(k.startswith("bleu_lc_tok") for k in tags)
