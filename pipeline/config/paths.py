@@ -8,6 +8,7 @@ TOKENIZER_MODEL = Path("data/tokenizer/spm.model")
 TOKENS_DIR = Path("data/tokens")
 CHECKPOINT_DIR = Path("models/checkpoints")
 AVERAGED_MODEL = Path("models/model.pt")
+CT2_MODEL = Path("models/ctranslate2")   # the export stage's CTranslate2 model of AVERAGED_MODEL
 REPORTS_DIR = Path("reports")
 TRAIN_CURVE = REPORTS_DIR / "train_curve.csv"
 VALID_CURVE = REPORTS_DIR / "valid_curve.csv"

@@ -31,7 +31,7 @@ from prefect.cache_policies import NO_CACHE
 
 from pipeline.stages.parent_death import with_parent_death_signal
 
-STAGES = ("download", "references", "tokenizer", "train", "average", "tune", "evaluate")   # dvc.yaml's order
+STAGES = ("download", "references", "tokenizer", "train", "average", "export", "tune", "evaluate")   # dvc.yaml's order
 USER_ERROR = 2                       # run_stage's exit status for bad params, data or checkpoints
 NETWORK_ERROR = "could not download"  # pipeline.data.fetch.fetch_file, after its own retries
 STOP_GRACE_S = 60.0                  # a train stage saves its checkpoint well within this
@@ -46,6 +46,7 @@ RETRIES: dict[str, tuple[int, list[float]]] = {
     "tokenizer": (1, [10]),
     "train": (2, [30, 120]),
     "average": (1, [10]),
+    "export": (1, [10]),
     "tune": (1, [30]),
     "evaluate": (1, [30]),
     "experiment": (1, [30]),

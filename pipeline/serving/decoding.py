@@ -1,5 +1,6 @@
 """How a translator decodes (§6.1): beam size, length penalty, output length limit, batch,
-precision and stopping rule. The one place these settings are defined: each setting's default, its
+precision, stopping rule, and the engine that decodes (our PyTorch search or CTranslate2) with its
+compute type. The one place these settings are defined: each setting's default, its
 limits (for configuration and, stricter, for one request), whether the tune stage chooses it on the
 validation set and whether a request may set it, and the checks.
 
@@ -28,6 +29,12 @@ PRECISIONS = ("fp32", "bf16")
 # hypothesis can beat the beam_size finished ones (the result of searching to the length limit);
 # "fairseq", once beam_size hypotheses have finished (cheaper; can miss a longer, better one).
 STOPPING = ("exact", "fairseq")
+# Who decodes: "torch", our search (``transformer.search``: GPUs, the reference); "ctranslate2", the
+# export stage's model in CTranslate2 (``pipeline.serving.ct2_translator``: fused C++ steps, int8 on CPU).
+ENGINES = ("torch", "ctranslate2")
+# CTranslate2's compute types, in the tune stage's order of preference (int8 first: a quarter of the
+# weight traffic, which bounds a CPU's decoding step).
+COMPUTE_TYPES = ("int8", "float32")
 MAX_BEAM = 16              # a request's beam: decoding cost grows with it; the paper uses 4 (§6.1)
 ALPHA_RANGE = (0.0, 10.0)  # a request's length penalty alpha (GNMT's is in [0, 1]; tune's grid reaches 2.5)
 
@@ -69,7 +76,28 @@ def _setting(default: Any, rule: Rule) -> Any:
 @dataclass(frozen=True)
 class DecodingConfig:
     """The paper's defaults (§6.1: beam 4, length penalty alpha 0.6, output up to source length
-    + 50). (``Decoding`` below is another thing: the beam size, alpha and stopping rule the evaluate
+    + 50), decoded by our search.
+
+    What each setting means for each engine:
+
+    * ``beam_size``: the same for both (1: greedy).
+    * ``alpha``: torch divides a finished hypothesis's log-probability by GNMT's ((5 + |Y|) / 6) ** alpha
+      (§6.1); CTranslate2 (its ``length_penalty``) by |Y| ** alpha. Not the same penalty: each engine's
+      alpha is chosen on val on its own grid.
+    * ``max_len_b``: per sentence in both: at most source pieces + max_len_b output pieces (within the
+      model's positions). CTranslate2's ``max_decoding_length`` is one limit per call: the call takes the
+      batch's longest source + max_len_b and each hypothesis is cut to its own sentence's limit (greedy:
+      exactly ours; a beam that reached the limit may rank differently).
+    * ``batch_sentences``: torch's batches (by length); CTranslate2's ``max_batch_size`` (in examples:
+      it sorts by length and spreads the batches over its ``inter_threads``).
+    * ``precision``: torch only (fp32 or bf16 weights); ``compute_type``: CTranslate2 only (its weights
+      converted at load: int8 or float32).
+    * ``stopping``: ours (``STOPPING``). CTranslate2 stops a sentence on its own rule, once beam_size
+      hypotheses have finished (``patience`` 1), which is ``fairseq``: ``exact`` is refused with it.
+    * Padding and BOS are never emitted by either (``transformer.search``; CTranslate2's
+      ``suppress_sequences``).
+
+    (``Decoding`` below is another thing: the beam size, alpha and stopping rule the evaluate
     stage chose, and where each came from.)"""
 
     beam_size: int = _setting(4, Rule(int, "1 = greedy", tuned=True, request=True, request_range=(1, MAX_BEAM)))
@@ -84,12 +112,21 @@ class DecodingConfig:
                                                 "beat the finished ones) or fairseq (beam-size hypotheses "
                                                 "finished; sooner)", choices=STOPPING, tuned=True, request=True,
                                            legacy="exact"))
+    # Versions registered before the engine was a setting (no CTranslate2 export) decode with torch.
+    engine: str = _setting("torch", Rule(str, "who decodes: torch (our search) or ctranslate2 (the export "
+                                              "stage's model; torch where CTranslate2 is missing or cannot load)",
+                                         choices=ENGINES, legacy="torch"))
+    compute_type: str = _setting("float32", Rule(str, "CTranslate2's compute type (engine ctranslate2 only)",
+                                                 choices=COMPUTE_TYPES))
 
     def __post_init__(self) -> None:
         for name, rule in RULES.items():
             problem = rule.problem(getattr(self, name))
             if problem:
                 raise ValueError(f"DecodingConfig.{name} {problem}")
+        if self.engine == "ctranslate2" and self.stopping == "exact":
+            raise ValueError("DecodingConfig.stopping exact is our search's rule: CTranslate2 stops once beam_size "
+                             "hypotheses have finished; use stopping fairseq with engine ctranslate2")
 
     @classmethod
     def of(cls, settings: Any) -> DecodingConfig:
@@ -165,8 +202,13 @@ def request_settings(defaults: DecodingConfig, params: Mapping[str, Any] | None)
     settings its ``params`` give, each checked against the request's limits (``RequestError``).
     Other keys are ignored, as MLflow's scoring server ignores params its signature lacks."""
     params = params or {}
-    return defaults.replace(**{name: _request_value(name, params[name]) for name in REQUEST
-                               if params.get(name) is not None})
+    try:
+        return defaults.replace(**{name: _request_value(name, params[name]) for name in REQUEST
+                                   if params.get(name) is not None})
+    except RequestError:
+        raise
+    except ValueError as err:   # settings valid alone but not together (stopping exact on CTranslate2)
+        raise RequestError(f"params: {str(err).removeprefix('DecodingConfig.')}") from None
 
 
 # ----------------------------------------------------------------------------- the tune stage's choice

@@ -47,7 +47,7 @@ from transformer.layers import ACTIVATIONS
 from transformer.model import Transformer
 from transformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
-DEFAULT_OUTPUT = Path("models/ctranslate2")
+DEFAULT_OUTPUT = paths.CT2_MODEL
 TOKENIZER_NAME = "spm.model"
 QUANTIZATIONS = ("none", *model_spec.ACCEPTED_MODEL_TYPES)
 # CTranslate2's activation for each function of ``transformer.layers.ACTIVATIONS`` (F.gelu is the erf form).

@@ -1,6 +1,7 @@
 """Decoding a split of the corpus with the pipeline's averaged model, as the tune and evaluate
-stages do (beam search, §6.1): the model and its tokenizer as a ``Translator`` with ``evaluate``'s
-settings, and a split's source and reference files.
+stages do (beam search, §6.1): the model and its tokenizer as a translator of ``evaluate``'s engine
+(our search, or the export stage's CTranslate2 model of the same weights) with its settings, and a
+split's source and reference files.
 
 Shared by the two stages and by neither's module, so that each stage depends on the code it runs
 and no other stage's.
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.config import paths
 from pipeline.config.errors import ParamsError
 from pipeline.serving.decoding import DecodingConfig
-from pipeline.serving.translator import Translator, load_translator
+from pipeline.serving.engine import AnyTranslator, load_engine_translator
 from transformer.checkpoint import load_checkpoint
 
 if TYPE_CHECKING:
@@ -32,13 +33,16 @@ def load_averaged() -> dict[str, Any]:
 
 
 def build_translator(checkpoint: dict[str, Any], params: Params, beam_size: int | None = None,
-                     alpha: float | None = None, device: torch.device | None = None) -> Translator:
+                     alpha: float | None = None, device: torch.device | None = None,
+                     **settings: Any) -> AnyTranslator:
     """The averaged model and its tokenizer (checked to be the model's) decoding with ``evaluate``'s
-    settings, ``beam_size`` and ``alpha`` where given (None: the paper's until set on the translator)."""
-    decoding = DecodingConfig.of(params.evaluate).replace(beam_size=beam_size, alpha=alpha)
+    settings, ``beam_size``, ``alpha`` and other ``settings`` (``engine``, ``compute_type``, ...) where
+    given (None: the paper's until set on the translator). Engine ctranslate2 decodes the export
+    stage's model (torch, with a warning, where CTranslate2 cannot)."""
+    decoding = DecodingConfig.of(params.evaluate).replace(beam_size=beam_size, alpha=alpha, **settings)
     try:
-        return load_translator(checkpoint, paths.TOKENIZER_MODEL, decoding, device, str(paths.AVERAGED_MODEL),
-                               hint="rerun the pipeline (dvc repro)")
+        return load_engine_translator(checkpoint, paths.TOKENIZER_MODEL, decoding, paths.CT2_MODEL, device,
+                                      str(paths.AVERAGED_MODEL), hint="rerun the pipeline (dvc repro)")
     except ValueError as err:   # not a usable SentencePiece model
         raise ParamsError(str(err)) from None
 

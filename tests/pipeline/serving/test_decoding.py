@@ -16,10 +16,13 @@ from transformer.search import STOPPING_RULES
 
 def test_the_papers_defaults_and_who_sets_what():
     assert DecodingConfig().to_dict() == {"beam_size": 4, "alpha": 0.6, "max_len_b": 50, "batch_sentences": 64,
-                                          "precision": "fp32", "stopping": "exact"}   # §6.1
+                                          "precision": "fp32", "stopping": "exact", "engine": "torch",
+                                          "compute_type": "float32"}   # §6.1, decoded by our search
     assert set(decoding.RULES) == set(DecodingConfig().to_dict())
     assert decoding.TUNED == decoding.REQUEST == ("beam_size", "alpha", "stopping")
-    assert decoding.LEGACY == {"stopping": "exact"}      # versions registered before the rule existed
+    # versions registered before the rule, the engine existed
+    assert decoding.LEGACY == {"stopping": "exact", "engine": "torch"}
+    assert decoding.ENGINES == ("torch", "ctranslate2") and decoding.COMPUTE_TYPES == ("int8", "float32")
     assert set(decoding.STOPPING) <= set(STOPPING_RULES)   # rules the search has
     assert decoding.PRECISIONS == ("fp32", "bf16")
     assert (decoding.MAX_BEAM, decoding.ALPHA_RANGE) == (16, (0.0, 10.0))
@@ -33,6 +36,10 @@ def test_the_papers_defaults_and_who_sets_what():
     ({"alpha": math.nan}, "DecodingConfig.alpha must be a number >= 0, got nan"),
     ({"stopping": "early"}, "DecodingConfig.stopping must be one of exact, fairseq, got 'early'"),
     ({"precision": "fp16"}, "DecodingConfig.precision must be one of fp32, bf16, got 'fp16'"),
+    ({"engine": "onnx"}, "DecodingConfig.engine must be one of torch, ctranslate2, got 'onnx'"),
+    ({"compute_type": "fp16"}, "DecodingConfig.compute_type must be one of int8, float32, got 'fp16'"),
+    ({"engine": "ctranslate2"}, "DecodingConfig.stopping exact is our search's rule: CTranslate2 stops once "
+                                "beam_size hypotheses have finished; use stopping fairseq with engine ctranslate2"),
 ])
 def test_a_bad_setting_names_its_field(changes, message):
     with pytest.raises(ValueError, match=f"^{message.replace('(', '.').replace(')', '.')}$"):

@@ -1,0 +1,51 @@
+"""The translator of a decoding's engine (``DecodingConfig.engine``): our PyTorch search
+(``pipeline.serving.translator``) or the export stage's CTranslate2 model
+(``pipeline.serving.ct2_translator``), both with ``translate(sentences, beam_size, alpha, stopping)``.
+
+The one place a caller (the tune and evaluate stages, translate, the pyfunc model, the gate, the
+server) turns settings into a translator. Where CTranslate2 is missing or cannot load (no export
+in an older version, the GPU machine's CUDA, which the wheel does not support) it decodes with
+torch and says so in one line on stderr, so a translation never fails for want of an engine.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from pipeline.serving.ct2_translator import CT2Translator, EngineUnavailable, load_ct2_translator
+from pipeline.serving.decoding import DecodingConfig
+from pipeline.serving.translator import Translator, load_translator
+from transformer.checkpoint import load_checkpoint, require_model_entries
+from transformer.config import ModelConfig
+from transformer.precision import default_device
+
+AnyTranslator = Translator | CT2Translator
+
+
+def load_engine_translator(model: str | os.PathLike | Mapping[str, Any], tokenizer_file: str | os.PathLike,
+                           decoding: DecodingConfig, ct2_model: str | os.PathLike | None = None,
+                           device: torch.device | str | None = None, model_source: str | None = None,
+                           hint: str = "", threads: tuple[int, int] | None = None) -> AnyTranslator:
+    """The translator ``decoding.engine`` names: ``ct2_model`` (an exported directory) at
+    ``decoding.compute_type`` for ctranslate2, else, or where CTranslate2 is unavailable (a one-line
+    warning), ``model`` (a checkpoint file or a loaded one) with our search. ``threads``:
+    CTranslate2's (inter_threads, intra_threads). Raises what ``load_translator`` raises."""
+    if decoding.engine == "ctranslate2":
+        torch_device = torch.device(device) if device is not None else default_device()
+        try:
+            if ct2_model is None:
+                raise EngineUnavailable("has no exported model for this one")
+            checkpoint = model if isinstance(model, Mapping) else load_checkpoint(model, "cpu")
+            require_model_entries(checkpoint, model_source or str(model))
+            max_positions = ModelConfig.from_dict(checkpoint["model_config"]).max_positions
+            return load_ct2_translator(ct2_model, tokenizer_file, decoding, max_positions,
+                                       device="cuda" if torch_device.type == "cuda" else "cpu", threads=threads)
+        except EngineUnavailable as err:
+            print(f"warning: decoding with torch instead of ctranslate2: CTranslate2 {err}", file=sys.stderr)
+            decoding = decoding.replace(engine="torch")
+    return load_translator(model, tokenizer_file, decoding, device, model_source, hint)
