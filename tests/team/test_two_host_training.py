@@ -12,6 +12,10 @@ machines each have their own disk.
   on both hosts (host-b has none of its own) and ends with the uninterrupted weights.
 - A host cut off (its link down, so no connection is closed, as when a machine loses power): the
   other host's training stops after ``TRAIN_DIST_TIMEOUT_S``, not gloo's 30 minutes.
+- A SIGTERM to host-b's rank only (a scheduler preempting one machine), with dropout 0.1: both ranks
+  stop after the same update (the vote in the update's all-reduce, ``transformer/stopping.py``), host-a
+  holds the one resume point (with both ranks' RNG states), both stages exit 143, and the rerun ends
+  with the weights of an uninterrupted two-host run, ``torch.equal``.
 
 ``-s`` prints the wall times of two hosts and of one process (the figures of docs/two_hosts.md).
 Skipped where network namespaces cannot be made (not root, no iproute2) or the Multi30k mirror is
@@ -68,6 +72,10 @@ class Workspace:
     def checkpoints(self) -> list[Path]:
         return list_checkpoints(self.path / "models" / "checkpoints")
 
+    def resume_points(self) -> list[Path]:
+        return [p for p in list_checkpoints(self.path / "models" / "checkpoints", resume_points=True)
+                if p.name.endswith(".resume.pt")]
+
     def weights(self, step: int = STEPS) -> dict[str, torch.Tensor]:
         return load_checkpoint(self.path / "models" / "checkpoints" / f"checkpoint_{step:08d}.pt")["model"]
 
@@ -78,13 +86,14 @@ class Cluster:
     base: Workspace
     root: Path
 
-    def workspace(self, name: str, train: dict | None = None) -> Workspace:
+    def workspace(self, name: str, train: dict | None = None, model: dict | None = None) -> Workspace:
         """A copy of the base workspace (code, params, token stores) for one host or run."""
         path = self.root / name
         shutil.copytree(self.base.path, path, symlinks=True)
-        if train:
+        if train or model:
             params = yaml.safe_load((path / "params.yaml").read_text())
-            params["train"].update(train)
+            params["train"].update(train or {})
+            params["model"].update(model or {})
             (path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
         env = dict(self.base.env, PYTHONPATH=str(path), MLFLOW_TRACKING_URI=f"sqlite:///{path / 'mlflow.db'}")
         return Workspace(path, env)
@@ -339,3 +348,50 @@ def test_two_host_silent_rank_times_out(cluster: Cluster):
     silent = f"(no answer for TRAIN_DIST_TIMEOUT_S={SILENT_TIMEOUT_S} s): "
     assert f"error: rank 0 of 2 lost rank 1 {silent}" in log_a, log_a[-3000:]
     assert f"error: rank 1 of 2 lost rank 0 {silent}" in log_b, log_b[-3000:]
+
+
+STOP_STEPS = 32               # the stop test's updates (a checkpoint every 4): SIGTERM lands after the first
+STOP_TRAIN = {"max_steps": STOP_STEPS, "keep_checkpoints": STOP_STEPS // 4, "validate_every": STOP_STEPS}
+
+
+def test_two_host_sigterm_to_one_rank_stops_both_and_resumes_exactly(cluster: Cluster):
+    """SIGTERM to host-b's training process only; dropout 0.1, so rank 1 must resume its own RNG."""
+    def spaces(kind: str) -> dict[str, Workspace]:
+        return {name: cluster.workspace(f"{kind}-{name}", STOP_TRAIN, {"dropout": 0.1})
+                for name in ("host-a", "host-b")}
+
+    straight = spaces("straight")
+    run_two_hosts(cluster, straight)
+    stopped = spaces("sigterm")
+    run = start_two_hosts(cluster, stopped, LOST_TIMEOUT_S)
+    try:
+        wait_for_checkpoint(stopped["host-a"], run)
+        run.worker("host-b").send_signal(signal.SIGTERM)
+        codes = {name: run.wait(name, timeout=120) for name in ("host-a", "host-b")}
+    finally:
+        run.stop()
+    logs = {name: run.log(name) for name in codes}
+    steps = {name: re.findall(r"train: stopped by signal 15 after update (\d+);", log) for name, log in logs.items()}
+    # Both ranks stopped gracefully after the same update (143: the stage's exit for SIGTERM; torchrun
+    # reports its worker's failure), none was lost and none finished.
+    for name in codes:
+        assert codes[name] != 0 and len(steps[name]) == 1, f"{name}: exit {codes[name]}\n{logs[name][-3000:]}"
+        assert "lost rank" not in logs[name] and "exitcode  : 143" in logs[name], logs[name][-3000:]
+    step = int(steps["host-a"][0])
+    assert steps["host-b"] == [str(step)] and 4 <= step < STOP_STEPS, (steps, logs["host-a"][-3000:])
+    newest = list_checkpoints(stopped["host-a"].path / "models" / "checkpoints", resume_points=True)[-1]
+    # One resume point, rank 0's (unless the stop fell on the checkpoint grid: that checkpoint holds it).
+    expected = f"checkpoint_{step:08d}.pt" if step % 4 == 0 else f"checkpoint_{step:08d}.resume.pt"
+    assert newest.name == expected and len(stopped["host-a"].resume_points()) == (step % 4 != 0), newest
+    assert len(load_checkpoint(newest)["rng_ranks"]) == 2          # both ranks' generators in it
+    assert not list_checkpoints(stopped["host-b"].path / "models" / "checkpoints", resume_points=True)
+
+    again, _ = run_two_hosts(cluster, stopped)
+    assert f"resuming from step {step} " in again.log("host-a"), again.log("host-a")[-3000:]
+    assert f"resuming from step {step} (epoch" in again.log("host-b") and \
+        f"from rank 0's {expected}" in again.log("host-b"), again.log("host-b")[-3000:]
+    assert not stopped["host-a"].resume_points()   # replaced by the next checkpoint, as never written
+    got, expected_weights = stopped["host-a"].weights(STOP_STEPS), straight["host-a"].weights(STOP_STEPS)
+    assert got.keys() == expected_weights.keys()
+    for name in got:
+        assert torch.equal(got[name], expected_weights[name]), name
