@@ -60,6 +60,9 @@ def test_the_model_config_is_the_source_of_truth_the_signature_only_for_old_vers
     # Registered before the stopping rule was a setting: model_config without it -> the exact rule
     before_rule = mlmodel({"beam_size": 4, "alpha": 1.0, "max_len_b": 8}, beam_size=4, alpha=1.0)
     assert mlmodel_settings(before_rule) == DecodingConfig(beam_size=4, alpha=1.0, max_len_b=8, stopping="exact")
+    assert mlmodel_settings(before_rule).engine == "torch"   # before the engine was a setting: no export
+    ct2 = DecodingConfig(beam_size=4, alpha=0.8, stopping="fairseq", engine="ctranslate2", compute_type="int8")
+    assert mlmodel_settings(mlmodel(to_register(ct2)[0]["decoding"])) == ct2
     # Registered before model_config carried the settings: the signature's, the rest the paper's (§6.1)
     oldest = mlmodel(None, beam_size=3, alpha=2)
     assert mlmodel_settings(oldest) == DecodingConfig(beam_size=3, alpha=2.0, stopping="exact")
