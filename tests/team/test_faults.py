@@ -14,6 +14,7 @@ import boto3
 import pytest
 from mlflow.tracking import MlflowClient
 
+from pipeline.stack.groups import read_record
 from pipeline.stack.postgres import Postgres
 from pipeline.stack.processes import stop_pid
 from pipeline.stack.secrets import load_or_create
@@ -41,8 +42,9 @@ def client_for(m: Machine, monkeypatch) -> MlflowClient:
 
 def kill_service(stack: Stack, name: str) -> None:
     """SIGKILL to the service's process group: a crash, not a shutdown."""
-    pid = int((stack.directory / "run" / f"{name}.pid").read_text())
-    stop_pid(pid, signal.SIGKILL)
+    record = read_record(stack.directory / "run" / f"{name}.pid")   # the leader's PID and its start's tag
+    assert record is not None, f"{name} recorded no PID"
+    stop_pid(record.pid, signal.SIGKILL)
 
 
 def restart(stack: Stack) -> None:
