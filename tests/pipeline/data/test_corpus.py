@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.config.params import DataParams
-from pipeline.data import checksums, multi30k, registry
+from pipeline.data import checksums, multi30k, references, registry
 from pipeline.data.corpus import prepare_corpus
 from pipeline.data.fetch import extract_tar
 from pipeline.data.registry import check_data_params
@@ -57,7 +57,8 @@ def test_published_hashes_match_the_mirror_readme():
     if not readme.is_file():
         pytest.skip(f"no mirror README at {readme}")
     listed = dict((path, digest) for digest, path in re.findall(r"([0-9a-f]{64})\s+(\S+)", readme.read_text()))
-    assert listed == multi30k.MULTI30K_SHA256
+    tokenized = {f"data/task1/tok/{name}": digest for name, digest in references.MULTI30K_TOK_SHA256.items()}
+    assert listed == {**multi30k.MULTI30K_SHA256, **tokenized}   # the raw files and the literature's references
 
 
 @pytest.mark.parametrize("kwargs, message", [
