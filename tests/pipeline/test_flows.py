@@ -227,7 +227,7 @@ def test_overrides_run_a_dvc_experiment_and_a_bad_value_fails_before_it(first_re
         assert state.is_completed(), state.message
         logs = run_logs(flow_run_id=state.state_details.flow_run_id)
         assert [line for line in logs if line.startswith("Running stage")] == ["Running stage 'evaluate':"]
-        assert state.result()["test_2016_flickr"]["bleu"] >= 0
+        assert state.result()["test"]["test_2016_flickr"]["bleu"] >= 0
         # the experiment registered a new version, the champion did not move
         assert client.get_model_version_by_alias(MODEL, CHAMPION_ALIAS).version == champion_before
     finally:
