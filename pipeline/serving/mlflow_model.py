@@ -1,7 +1,8 @@
 """The translator as an MLflow pyfunc model: ``predict`` turns source sentences into translations.
 
-Logged with the averaged checkpoint and the SentencePiece model as artifacts and the
-``transformer`` and ``pipeline`` packages as code, so ``mlflow.pyfunc.load_model`` (and
+Logged with the averaged checkpoint and the SentencePiece model as artifacts and, as code, the
+modules of the ``transformer`` and ``pipeline`` packages that loading it runs (their import closure,
+``pipeline.tracking.model_code``: one upload each), so ``mlflow.pyfunc.load_model`` (and
 ``mlflow models serve``) needs nothing from this repository. The decoding settings the
 evaluate stage scored with travel in the model's ``model_config`` (and as the defaults of the
 signature's params; both written and read by ``pipeline.serving.registered``); a request may
@@ -18,6 +19,7 @@ a beam size outside 1..16, an alpha outside 0..10, an unknown stopping rule).
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -154,8 +156,8 @@ def _run_decoding(run_id: str, chosen: Mapping[str, Any]) -> tuple[DecodingConfi
 def log_translator(run_id: str, model_file: Path, tokenizer_file: Path, registered_name: str,
                    chosen: Mapping[str, Any], *, metrics_file: Path | None = None,
                    corpus_stats_file: Path | None = None) -> str | None:
-    """Log the pyfunc model into ``run_id``, register it and write its model card (description
-    and tags, ``pipeline.tracking.describe_version``); returns the new registry version.
+    """Log the pyfunc model into ``run_id``, register it with its model card (description and tags,
+    ``pipeline.tracking.model_card.register_version``); returns the new registry version.
 
     ``chosen``: the tuned settings the evaluate stage decoded with (``Decoding.as_dict()``: beam
     size, alpha, stopping rule and, optionally, where each came from); the other settings are the
@@ -165,12 +167,10 @@ def log_translator(run_id: str, model_file: Path, tokenizer_file: Path, register
     """
     from mlflow.models import infer_signature
 
-    import pipeline
-    import transformer
     from pipeline.config import paths
     from pipeline.scoring.reports import EVALUATE_SCORES
     from pipeline.serving.registered import to_register
-    from pipeline.tracking import model_card, store
+    from pipeline.tracking import model_card, model_code
     from transformer.checkpoint import load_checkpoint
 
     settings, sources = _run_decoding(run_id, chosen)
@@ -178,18 +178,14 @@ def log_translator(run_id: str, model_file: Path, tokenizer_file: Path, register
     decoding = {**model_config["decoding"], **{f"{k}_from": v for k, v in sources.items()}}
     example = pd.DataFrame({"text": ["A man is walking."]})
     signature = infer_signature(example, ["Ein Mann geht."], params=defaults)
-    with mlflow.start_run(run_id=run_id):
+    with tempfile.TemporaryDirectory(prefix="model-code-") as code, mlflow.start_run(run_id=run_id):
         info = mlflow.pyfunc.log_model(
             name="translator", python_model=TranslatorModel(),
             artifacts={"model": str(model_file), "tokenizer": str(tokenizer_file)},
-            code_paths=[str(Path(transformer.__file__).parent), str(Path(pipeline.__file__).parent)],
+            code_paths=model_code.stage(TranslatorModel.__module__, TranslatorModel.__name__, Path(code)),
             pip_requirements=_pins(), signature=signature, input_example=example,
             model_config=model_config,
-            registered_model_name=registered_name,
         )
-    if info.registered_model_version is None:
-        return None
-    version = str(info.registered_model_version)
 
     def read_json(path: Path) -> dict[str, Any]:
         try:
@@ -197,9 +193,7 @@ def log_translator(run_id: str, model_file: Path, tokenizer_file: Path, register
         except (OSError, ValueError):
             return {}
 
-    model_config = load_checkpoint(model_file).get("model_config", {})
-    store.best_effort("model card", model_card.describe_version, registered_name, version, run_id,
-                         metrics=read_json(metrics_file or EVALUATE_SCORES), decoding=decoding,
-                         model_config=model_config,
-                         corpus_stats=read_json(corpus_stats_file or paths.CORPUS_DIR / "stats.json"))
-    return version
+    return model_card.register_version(registered_name, info.model_uri, run_id,
+                                       metrics=read_json(metrics_file or EVALUATE_SCORES), decoding=decoding,
+                                       model_config=load_checkpoint(model_file).get("model_config", {}),
+                                       corpus_stats=read_json(corpus_stats_file or paths.CORPUS_DIR / "stats.json"))

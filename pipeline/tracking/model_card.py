@@ -1,15 +1,21 @@
-"""The model card of a registered version (``describe_version``): its description, which the MLflow
+"""The model card of a registered version (``register_version``): its description, which the MLflow
 UI shows, says what the model is, what it was trained on, how long and on what hardware, its scores
 with their sacreBLEU signatures, the decoding settings and where they came from, and its limits;
-tags on the version carry the same figures for search (``bleu.test_2016_flickr``, ``preset``, ...)."""
+tags on the version carry the same figures for search (``bleu.test_2016_flickr``, ``preset``, ...).
+
+The tags travel in the request that creates the version: set one by one (``set_model_version_tag``,
+MLflow has no batch call for a version's tags) they cost two requests each (the tag and the client's
+check that the model is no prompt), ~140 requests for a card on a team's server."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+import mlflow
+
 from pipeline.scoring.reports import LITERATURE_KEY, LITERATURE_LABEL, TEST
-from pipeline.tracking.store import client
+from pipeline.tracking.store import best_effort, client
 
 # What each data set's text is: the card's domain limit. Unknown data sets get a generic line.
 DOMAINS = {
@@ -181,15 +187,27 @@ def model_card(name: str, version: str, run: Any, *, metrics: Mapping[str, Any],
     return description, {k: v for k, v in tags.items() if v}
 
 
-def describe_version(name: str, version: str, run_id: str, **card: Any) -> None:
-    """Write the model card (``model_card``'s description and tags) onto a registered version."""
-    c = client()
+def _card_run(c: Any, run_id: str, card: dict[str, Any]) -> Any:
+    """The run the card describes; ``card["updates"]`` filled for runs before ``train/updates`` was logged
+    (the last step of the loss curve is the update count)."""
     run = c.get_run(run_id)
     if card.get("updates") is None and "train/updates" not in run.data.metrics:
-        # Runs before train/updates was logged: the last step of the loss curve is the update count.
         history = c.get_metric_history(run_id, "train/loss")
         card["updates"] = max((h.step for h in history), default=None)
-    description, tags = model_card(name, version, run, **card)
-    c.update_model_version(name, version, description=description)
-    for key, value in tags.items():
-        c.set_model_version_tag(name, version, key, value[:5000])
+    return run
+
+
+def register_version(name: str, model_uri: str, run_id: str, **card: Any) -> str:
+    """Register the logged model ``model_uri`` (of run ``run_id``) as a new version of ``name`` with its
+    model card (``model_card``'s arguments in ``card``); returns the version. The tags go with the
+    version's creation, the description (which names the version) right after. The card is best
+    effort: one that cannot be made or written is a warning, and the version is registered all the same."""
+    c = client()
+    run = best_effort("model card", _card_run, c, run_id, card)
+    made = run and best_effort("model card", model_card, name, "", run, **card)
+    tags = {key: value[:5000] for key, value in made[1].items()} if made else {}
+    version = str(mlflow.register_model(model_uri, name, tags=tags).version)
+    if made:
+        description, _ = model_card(name, version, run, **card)
+        best_effort("model card", c.update_model_version, name, version, description=description)
+    return version
