@@ -1,4 +1,4 @@
-"""DVC stage 4: average the last N checkpoints into one model (§6.1)."""
+"""DVC stage ``average``: average the last N checkpoints into one model (§6.1)."""
 
 from __future__ import annotations
 

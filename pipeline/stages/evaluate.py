@@ -1,4 +1,4 @@
-"""DVC stage 6: translate every configured test set and the validation set with beam search
+"""DVC stage ``evaluate``: translate every configured test set and the validation set with beam search
 (§6.1) and score them with sacrebleu (detokenized BLEU and chrF, with their signatures); draw
 attention maps.
 

@@ -1,4 +1,4 @@
-"""DVC stage 5: the averaged model as a CTranslate2 model (``models/ctranslate2``), the weights
+"""DVC stage ``export``: the averaged model as a CTranslate2 model (``models/ctranslate2``), the weights
 mapped one to one by ``pipeline.serving.export`` (nothing retrained, nothing quantized: float32
 weights, which CTranslate2 converts to the compute type chosen at load, int8 or float32).
 

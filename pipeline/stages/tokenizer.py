@@ -1,4 +1,4 @@
-"""DVC stage 2: train a joint SentencePiece BPE model on the training split and encode every
+"""DVC stage ``tokenizer``: train a joint SentencePiece BPE model on the training split and encode every
 split into the package's token store (§5.1: byte-pair encoding, shared vocabulary).
 
 With ``tokenizer.model_from`` set (fine-tuning, see ``train.init_from``) the stage copies that

@@ -1,4 +1,4 @@
-"""DVC stage 3: train the Transformer (§5) with the package's Trainer.
+"""DVC stage ``train``: train the Transformer (§5) with the package's Trainer.
 
 Checkpoints go to a ``persist: true`` folder: when the stage is interrupted (killed,
 pre-empted) and run again, training resumes from the newest checkpoint. When the model,

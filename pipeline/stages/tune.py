@@ -1,4 +1,4 @@
-"""DVC stage 5: choose the beam size, the length penalty alpha and the beam search's stopping rule on
+"""DVC stage ``tune``: choose the beam size, the length penalty alpha and the beam search's stopping rule on
 the validation set (§6.1: "chosen after experimentation on the development set"), never on a test set.
 
 Every point of ``tune.beam_sizes`` x ``tune.alphas`` x ``tune.stoppings`` decodes ``data.valid_set``
