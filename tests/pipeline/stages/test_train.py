@@ -41,8 +41,9 @@ def test_checkpoints_curves_and_metrics(workspace):
     assert "mlflow_run_id" not in state["callbacks"]
 
 
-def test_killed_training_resumes_from_its_last_checkpoint(workspace, tmp_path):
-    """SIGKILL during training, run the stage again: it resumes from the newest checkpoint."""
+def endless_training_copy(workspace, tmp_path) -> tuple:
+    """A copy of the workspace whose training would run for ever (a checkpoint every 5 updates), its
+    checkpoints removed: a stage to stop from outside. Returns the copy and its params."""
     copy = tmp_path / "repo"
     shutil.copytree(workspace.path, copy, ignore=shutil.ignore_patterns("mlflow.db", "mlartifacts"))
     params = yaml.safe_load((copy / "params.yaml").read_text())
@@ -50,6 +51,12 @@ def test_killed_training_resumes_from_its_last_checkpoint(workspace, tmp_path):
     (copy / "params.yaml").write_text(yaml.safe_dump(params))
     for old in (copy / "models/checkpoints").glob("*.pt"):
         old.unlink()
+    return copy, params
+
+
+def test_killed_training_resumes_from_its_last_checkpoint(workspace, tmp_path):
+    """SIGKILL during training, run the stage again: it resumes from the newest checkpoint."""
+    copy, params = endless_training_copy(workspace, tmp_path)
     env = {**workspace.env, "PYTHONPATH": str(copy), "MLFLOW_TRACKING_URI": f"sqlite:///{copy / 'mlflow.db'}"}
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.stages.train"], cwd=copy, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -75,13 +82,7 @@ def test_a_preempted_training_fails_the_stage_after_writing_its_resume_point(wor
     """SIGTERM to the stage (a scheduler's preemption): the trainer stops after the update, writes a
     resume point, and the stage exits 143, so that DVC records no finished training and runs no
     average; the metrics file of the finished run before it is left as it was."""
-    copy = tmp_path / "repo"
-    shutil.copytree(workspace.path, copy, ignore=shutil.ignore_patterns("mlflow.db", "mlartifacts"))
-    params = yaml.safe_load((copy / "params.yaml").read_text())
-    params["train"].update(max_steps=100000, checkpoint_every_steps=5, keep_checkpoints=2, validate_every=0)
-    (copy / "params.yaml").write_text(yaml.safe_dump(params))
-    for old in (copy / "models/checkpoints").glob("*.pt"):
-        old.unlink()
+    copy, params = endless_training_copy(workspace, tmp_path)
     metrics_before = (copy / "reports/train_metrics.json").read_bytes()
     env = {**workspace.env, "PYTHONPATH": str(copy), "PIPELINE_TRACKING": "off"}
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.stages.train"], cwd=copy, env=env,
