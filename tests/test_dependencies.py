@@ -11,10 +11,11 @@ from __future__ import annotations
 import ast
 import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
+
+from pipeline.tracking.model_code import _imports, _lazy, _targets
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipeline", "transformer")
@@ -31,65 +32,17 @@ def repo_modules() -> dict[str, Path]:
     return modules
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
-def _import_nodes(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import that runs: at module level and inside functions, not under ``if TYPE_CHECKING``."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child):
-                stack.extend(child.orelse)
-                continue
-            if isinstance(child, (ast.Import, ast.ImportFrom)):
-                yield child
-            stack.append(child)
-
-
 def lazy_names(modules: dict[str, Path]) -> dict[str, dict[str, str]]:
     """Package -> {name: submodule} of packages that load their names on first use (a ``_LAZY``
     table and a module ``__getattr__``, as ``transformer/__init__.py``)."""
-    tables = {}
-    for name, path in modules.items():
-        if path.name != "__init__.py":
-            continue
-        for node in ast.parse(path.read_text(encoding="utf-8")).body:
-            if isinstance(node, ast.AnnAssign | ast.Assign):
-                targets = [node.target] if isinstance(node, ast.AnnAssign) else node.targets
-                if any(isinstance(t, ast.Name) and t.id == "_LAZY" for t in targets) and node.value is not None:
-                    tables[name] = {k: f"{name}.{v}" for k, v in ast.literal_eval(node.value).items()}
-    return tables
+    return _lazy(modules)
 
 
 def imports_of(name: str, path: Path, modules: dict[str, Path],
                lazy: dict[str, dict[str, str]] | None = None) -> set[str]:
-    """Repository modules that module ``name`` imports explicitly (submodules named in
-    ``from package import submodule`` included, and the module a lazy package loads a name from)."""
-    lazy = lazy or {}
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found = set()
-    for node in _import_nodes(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        else:
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[:len(anchor) - (node.level - 1)]
-                base = ".".join(anchor + ([base] if base else []))
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules
-                       else lazy.get(base, {}).get(a.name, base) for a in node.names]
-        for target in targets:
-            while target and target not in modules:      # `import pipeline.data.x.y` style: nearest module
-                target = target.rpartition(".")[0]
-            if target:
-                found.add(target)
-    return found - {name}
+    """Repository modules that module ``name`` imports explicitly, at module level and inside
+    functions, not under ``if TYPE_CHECKING`` (the walker the registered model's code list uses)."""
+    return _targets(name, path, _imports(ast.parse(path.read_text(encoding="utf-8"))), modules, lazy or {})
 
 
 def import_graph() -> dict[str, set[str]]:
