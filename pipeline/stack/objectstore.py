@@ -5,11 +5,14 @@ the admin identity), its data lies in ``<dir>/s3``, every port it opens is named
 taken one quietly) and its telemetry is off (on by default, it posts to the vendor).
 
 Only the S3 port is for clients; ``weed mini``'s own servers (master, volume, filer, admin) listen
-too, and would serve every object to anyone who reaches them. Closed here with SeaweedFS's own
-means (its security.toml settings, given as ``WEED_*`` environment variables): the filer's and the
-master's HTTP data APIs off (``-disableHttp``: the S3 gateway uses gRPC and the volume servers), the
-volume server's reads and writes only with a JWT signed by keys of the stack's secrets, mutual TLS
-on every gRPC port (``certificates``). docs/team.md lists each port and what it answers."""
+too, and would serve every object, the cluster's topology, its disks and its metrics to anyone who
+reaches them. Closed here with SeaweedFS's own means (its security.toml settings, given as ``WEED_*``
+environment variables): mutual TLS on every one of those ports, gRPC (``[grpc.*]``) and HTTP
+(``[https.*]``, the parts' own HTTP client with the same certificate: ``[https.client]``), with a
+certificate of the stack's own (``certificates``); under it, the filer's and the master's HTTP data
+APIs off (``-disableHttp``: the S3 gateway uses gRPC and the volume servers) and the volume server's
+reads and writes only with a JWT signed by keys of the stack's secrets. docs/team.md lists each port
+and what it answers."""
 
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import sys
 from pathlib import Path
 
 from pipeline.stack.certificates import COMMON_NAME, ensure_certificates, tls_files
-from pipeline.stack.probes import http2_without_certificate
+from pipeline.stack.probes import http2_without_certificate, https_without_certificate
 from pipeline.stack.processes import StackError, start_detached, wait_until
 from pipeline.stack.service import Health, Service
 from transformer.atomic import file_sha256
@@ -31,6 +34,9 @@ BUCKETS = ("dvc", "mlflow")   # the DVC remote's objects; the MLflow server's ar
 GRPC_PORTS = ("weed.master.grpc", "weed.volume.grpc", "weed.filer.grpc", "weed.s3.grpc", "weed.admin.grpc")
 # security.toml's gRPC sections: servers ([grpc.<part>], mutual TLS) and clients (grpc.client, grpc.worker).
 TLS_SECTIONS = ("MASTER", "VOLUME", "FILER", "S3", "ADMIN", "WORKER", "CLIENT")
+# security.toml's HTTPS sections of the servers' HTTP ports: with a CA set, each requires a client certificate.
+HTTPS_SECTIONS = ("MASTER", "VOLUME", "FILER", "ADMIN")
+HTTPS_PORTS = ("weed.master", "weed.volume", "weed.filer", "weed.admin")
 
 
 def weed_binary() -> Path:
@@ -89,26 +95,32 @@ class ObjectStore(Service):
         for section in TLS_SECTIONS:
             env.update({f"WEED_GRPC_{section}_CERT": str(tls.cert), f"WEED_GRPC_{section}_KEY": str(tls.key),
                         f"WEED_GRPC_{section}_ALLOWED_COMMONNAMES": COMMON_NAME})
+        for section in (*HTTPS_SECTIONS, "CLIENT"):
+            env.update({f"WEED_HTTPS_{section}_CERT": str(tls.cert), f"WEED_HTTPS_{section}_KEY": str(tls.key),
+                        f"WEED_HTTPS_{section}_CA": str(tls.ca)})
+        env["WEED_HTTPS_CLIENT_ENABLED"] = "true"   # the parts' HTTP to each other (chunks on the volume server)
         return env
 
     def start(self) -> int:
         binary = weed_binary()
         self.settings.path("s3", "data").mkdir(parents=True, exist_ok=True)
-        ensure_certificates(self.tls_dir)
+        ensure_certificates(self.tls_dir, self.settings.host)
         pid = start_detached(self.argv(binary), self.env(), self.log_file, self.pid_file, self.settings.path("s3"))
         wait_until(lambda: self.health().ok, "the S3 store (weed)", self.start_timeout_s, self.log_file, pid)
-        open_ports = self.open_grpc_ports()
-        if open_ports:   # weed serves plain gRPC when it cannot load its certificates: never leave it so
+        open_ports = self.open_ports()
+        if open_ports:   # weed serves plain gRPC or HTTP when it cannot load its certificates: never leave it so
             self.stop()
-            raise StackError(f"the S3 store (weed) served gRPC without a client certificate on "
+            raise StackError(f"the S3 store (weed) answered without a client certificate on "
                              f"{', '.join(open_ports)}; stopped it. Its log: {self.log_file}")
         return pid
 
-    def open_grpc_ports(self) -> list[str]:
-        """The store's gRPC ports that answer a caller without the stack's certificate."""
-        host = self.settings.host
-        return [f"{self.settings.port(name)} ({name}: {how})" for name in GRPC_PORTS
-                if (how := http2_without_certificate(host, self.settings.port(name)))]
+    def open_ports(self) -> list[str]:
+        """The store's internal ports that answer a caller without the stack's certificate."""
+        host, port = self.settings.host, self.settings.port
+        return [f"{port(name)} ({name}: {how})" for name in GRPC_PORTS
+                if (how := http2_without_certificate(host, port(name)))] + \
+               [f"{port(name)} ({name}: {how})" for name in HTTPS_PORTS
+                if (how := https_without_certificate(host, port(name)))]
 
     def health(self) -> Health:
         """Signed requests: the keys work and both buckets exist."""
