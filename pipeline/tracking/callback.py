@@ -1,6 +1,11 @@
 """The trainer's hooks (``MlflowCallback``): one run per training, created or, after a kill,
 continued (found through ``links``); params, tags and metric histories sent through the
-background logger (``buffer``), the training time logged at each checkpoint and at the end."""
+background logger (``buffer``), the training time logged at each checkpoint and at the end.
+
+A training that starts while the tracking server is away (or refuses it) has no run to log into:
+it keeps what it would have logged (params, tags, every metric value, the checkpoint links, its
+end) and hands it to the unsent queue at its end as the training's record (``records.train``),
+which the next replay turns into the run, before the later stages' records that need it."""
 
 from __future__ import annotations
 
@@ -16,14 +21,14 @@ from mlflow.tracking import MlflowClient
 from pipeline.tracking import deferred
 from pipeline.tracking.buffer import BackgroundLogger, save_unsent
 from pipeline.tracking.links import LINK_CHECKPOINT, LINK_MODEL, LINK_TRAINING, find_run, fingerprint_sha256, lookup_run
+from pipeline.tracking.records import train as train_record
+from pipeline.tracking.records.train import LINEAGE, UNFINISHED
 from pipeline.tracking.runs import finish_run, log_params
 from pipeline.tracking.store import best_effort, client, experiment_id, safe_uri, tracking_uri
 from pipeline.tracking.tags import params_hash, run_name, training_lengths
 from transformer.atomic import file_sha256
 from transformer.trainer import Trainer, TrainerCallback
 
-UNFINISHED = "attributes.status != 'FINISHED'"   # running, failed or killed: a training may continue it
-LINEAGE = "lineage.continued_from_run"   # on a new run: the finished run whose model it trains further
 TRAIN_SECONDS = "time/train_seconds"   # training wall time so far, logged at each checkpoint and at the end
 
 
@@ -41,6 +46,8 @@ class MlflowCallback(TrainerCallback):
         self.seconds_before = 0.0   # training time of the processes before a resume (from the run)
         self.history: list[tuple[int, dict[str, float]]] = []
         self.continued_from: str | None = None   # the finished run whose checkpoint this training continues
+        self.resumed_from: list[str] = []   # sha256s of the checkpoints it resumed from, newest first
+        self.offline: dict[str, Any] | None = None   # the training's record, while no run could be opened
 
     def restore(self, checkpoints: Iterable[Path], history: Iterable[tuple[int, Mapping[str, float]]] = (),
                 fingerprint: Mapping[str, Any] | None = None) -> None:
@@ -54,6 +61,7 @@ class MlflowCallback(TrainerCallback):
         further (``train.max_steps`` raised) logs into a new run tagged ``lineage.continued_from_run``,
         so that a finished run, which a registered version may come from, never changes."""
         shas = [file_sha256(p) for p in checkpoints]
+        self.resumed_from = shas
         self.run_id = find_run(LINK_CHECKPOINT, shas, self.experiment, where=UNFINISHED)
         if self.run_id is None and fingerprint is not None:
             self.run_id = find_run(LINK_TRAINING, fingerprint_sha256(fingerprint), self.experiment, where=UNFINISHED)
@@ -96,6 +104,10 @@ class MlflowCallback(TrainerCallback):
             self.logger.tag(LINK_CHECKPOINT, file_sha256(path))
             if self.trainer is not None:
                 self.logger.log({TRAIN_SECONDS: self._train_seconds(self.trainer)}, step)
+        elif self.offline is not None:
+            self.offline["link_tags"][LINK_CHECKPOINT] = file_sha256(path)
+            if self.trainer is not None:
+                self._keep({TRAIN_SECONDS: self._train_seconds(self.trainer)}, step)
 
     def _open_run(self) -> None:
         c = client()
@@ -130,8 +142,11 @@ class MlflowCallback(TrainerCallback):
             self.tags[LINK_TRAINING] = fingerprint_sha256(trainer.fingerprint())
         best_effort("unsent queue replay", deferred.replay, quiet=True)   # what waits goes first
         best_effort("run start", self._open_run)
-        best_effort("unsent queue", deferred.print_waiting)   # one line, while anything still waits
         self.trainer = trainer
+        if self.run_id is None or self.client is None:   # no run: everything is kept for the record
+            self._go_offline()
+            return
+        best_effort("unsent queue", deferred.print_waiting)   # one line, while anything still waits
         if self.run_id is not None and self.client is not None:
             self.logger = BackgroundLogger(self.client, self.run_id)
             best_effort("history check", self._send_missing_history)
@@ -149,15 +164,52 @@ class MlflowCallback(TrainerCallback):
     def _train_seconds(self, trainer: Trainer) -> float:
         return self.seconds_before + trainer.elapsed_seconds
 
+    def _go_offline(self) -> None:
+        """Keep the run in memory: params, tags, the curve points the checkpoint holds, and from now
+        on every value logged, for the training's record."""
+        self.run_id, self.logger = None, None
+        self.offline = {"experiment": self.experiment, "run_name": self.run_name or run_name(self.params, self.tags),
+                        "start_time": int(time.time() * 1000), "end_time": None,
+                        "params": {**self.params, **{f"derived.{k}": v for k, v in self.derived.items()}},
+                        "tags": {k: str(v) for k, v in self.tags.items()}, "resumed_from": self.resumed_from,
+                        "init_sha256": self.tags.get("train.init_sha256"), "metrics": [], "link_tags": {},
+                        "status": None}
+        for step, metrics in self.history:
+            self._keep(metrics, step)
+        print(f"warning: MLflow: no run at {safe_uri(tracking_uri())}; this training's params, metrics and "
+              f"checkpoint links are kept and wait in the unsent queue from its end ({deferred.SENT_BY} sends "
+              "them)", file=sys.stderr, flush=True)
+
+    def _keep(self, metrics: Mapping[str, float], step: int) -> None:
+        assert self.offline is not None
+        now = int(time.time() * 1000)
+        kept = self.offline["metrics"]
+        kept += [[key, float(value), int(step), now] for key, value in metrics.items()]
+        del kept[:-BackgroundLogger.MAX_PENDING]   # bounded like the live logger's backlog: the newest kept
+
     def on_log(self, step: int, metrics: dict[str, float]) -> None:
         if self.logger:
             self.logger.log(metrics, step)
+        elif self.offline is not None:
+            self._keep(metrics, step)
 
     def on_validate(self, step: int, metrics: dict[str, float]) -> None:
-        if self.logger:
-            self.logger.log(metrics, step)
+        self.on_log(step, metrics)
+
+    def _submit_offline(self, trainer: Trainer) -> None:
+        """Hand the kept run to the unsent queue (sent at once if the server answers by now)."""
+        assert self.offline is not None
+        self._keep({TRAIN_SECONDS: self._train_seconds(trainer), "train/updates": trainer.step,
+                    "train/epochs": trainer.epoch}, trainer.step)
+        record, self.offline = self.offline, None
+        record["end_time"] = int(time.time() * 1000)
+        record["status"] = None if trainer.stop_requested else "FINISHED"   # a stopped training resumes later
+        deferred.submit(train_record, record)   # a queue that cannot be written fails the stage: DVC reruns it
 
     def on_train_end(self, trainer: Trainer) -> None:
+        if self.offline is not None:
+            self._submit_offline(trainer)
+            return
         if self.logger:
             # The model card's "how long": wall time, updates and epochs of the whole training.
             self.logger.log({TRAIN_SECONDS: self._train_seconds(trainer), "train/updates": trainer.step,

@@ -6,7 +6,9 @@ exit 2 for the commands that need it (serve-model, compare).
 One workspace (the tiny model on 300 Multi30k pairs) serves the first two: its first pipeline has
 the server killed during training and back before evaluate; its second raises ``train.max_steps``
 (a finished run's model trained further), has the server killed again and back only after the
-pipeline, when ``python -m pipeline.tracking.replay`` registers the version."""
+pipeline, when ``python -m pipeline.tracking.replay`` registers the version; its third raises it
+again with the server away before the training starts (no run to log into: the training's whole
+run waits in the queue) and back before tune, whose replay makes the run and registers the version."""
 
 from __future__ import annotations
 
@@ -144,12 +146,47 @@ def test_server_killed_during_training_loses_no_registration(stack, tmp_path, mo
     assert sorted(x.step for x in client.get_metric_history(first_run, "train/loss")) == first_losses
     assert first.data.params["train.max_steps"] == "40" and first.info.status == "FINISHED"
 
+    server_away_when_training_starts(stack, m, client, second_run)
 
-def one_error_line(result: subprocess.CompletedProcess, *words: str) -> None:
+
+def server_away_when_training_starts(stack: Stack, m: Machine, client, previous_run: str) -> None:
+    """3. ``train.max_steps`` raised again, the server killed before the training starts: the
+    training finds no run, keeps its own and queues it at its end, the average record waits behind
+    it; the server back, tune's replay makes the run (linked to the finished run it continues),
+    average and evaluate log into it and evaluate registers version 3."""
+    changed = yaml.safe_load((m.path / "params.yaml").read_text())
+    changed["train"]["max_steps"] = 80
+    (m.path / "params.yaml").write_text(yaml.safe_dump(changed, sort_keys=False))
+    kill_mlflow(stack)
+    try:
+        away = repro(m, "train", "average")
+    finally:
+        restart(stack)   # also when the stages failed: the session's other tests need the server
+    assert "resuming from step 60" in away.stdout and "MLflow: run " not in away.stdout, away.stdout
+    assert "warning: MLflow: no run at " in away.stderr and away.stderr.count(WAITING) == 2, away.stderr
+    queue = json.loads((m.path / "reports/mlflow_unsent.json").read_text())
+    assert [r["stage"] for r in queue["records"]] == ["train", "average"]
+    back = repro(m, "tune", "evaluate")
+    made = next(line for line in back.stdout.splitlines() if "from the training's record" in line)
+    third_run = made.split()[3]
+    assert made.startswith("MLflow: made run "), back.stdout
+    assert "registered model 'faults-model' version 3" in back.stdout, back.stdout
+    assert not (m.path / "reports/mlflow_unsent.json").exists()
+    third = client.get_run(third_run)
+    assert third.info.status == "FINISHED" and third.data.params["train.max_steps"] == "80"
+    assert third.data.tags["lineage.continued_from_run"] == previous_run
+    assert third.data.tags["link.checkpoint_sha256"] and "link.model_sha256" in third.data.tags
+    assert sorted(x.step for x in client.get_metric_history(third_run, "train/loss"))[-1] == 80
+    (version,) = versions_of(client, family(client, third_run))
+    assert str(version.version) == "3"
+    assert "test/test_2016_flickr/bleu" in client.get_run(version.run_id).data.metrics
+
+
+def one_error_line(result: subprocess.CompletedProcess, *words: str, service: str = "MLflow") -> None:
     assert result.returncode == 2, result.stdout + result.stderr
     # Python warnings printed while importing MLflow's pyfunc aside, one line: the error.
     lines = [line for line in result.stderr.splitlines() if "Warning" not in line and "color_warning(" not in line]
-    assert len(lines) == 1 and lines[0].startswith("error: the MLflow server at "), result.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"error: the {service} server at "), result.stderr
     assert "Traceback" not in result.stdout + result.stderr
     for word in words:
         assert word in result.stderr, result.stderr

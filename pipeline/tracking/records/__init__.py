@@ -1,4 +1,6 @@
-"""The later stages' records as senders of plain data (``send(data, files, progress)``), one module
-per stage: run now by the stage, or later from the unsent queue by ``pipeline.tracking.deferred``.
-Each raises whatever the store raises, so that a record the server did not take waits; ``progress``
-keeps what a sender already did (its run, its registered version) for the next try."""
+"""The stages' records as senders of plain data (``send(data, files, progress)``), one module per
+stage: the later stages' (average, tune, evaluate), run now by the stage, or later from the unsent
+queue by ``pipeline.tracking.deferred``; and the training's (``train``), queued only by a training
+that found no run to log into. Each raises whatever the store raises, so that a record the server
+did not take waits; ``progress`` keeps what a sender already did (its run, its registered version)
+for the next try."""
