@@ -21,14 +21,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     root = args.workdir.resolve()
 
+    from prefect.settings import PREFECT_API_URL
+
     from pipeline.config.errors import ParamsError
     from pipeline.flows import pipelines, serving
+    from pipeline.flows.preflight import PrefectPreflightError, check_prefect_server
     from pipeline.tracking.preflight import PreflightError, check_tracking_server
 
     try:
         flows = pipelines.params_of(root).flows
         print(f"tracking: {check_tracking_server(pipelines.tracking_uri(root))}", flush=True)
-    except (ParamsError, PreflightError) as err:
+        if PREFECT_API_URL.value():   # a server of the team's (else a local one, started here if needed)
+            print(f"orchestration: {check_prefect_server(PREFECT_API_URL.value())}", flush=True)
+    except (ParamsError, PreflightError, PrefectPreflightError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     with serving.prefect_api(root, start_server=args.command == "serve") as api:

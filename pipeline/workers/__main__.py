@@ -44,6 +44,17 @@ def check_pushed(repository: str, commit: str) -> None:
                       "first (and fetch, if it was pushed from elsewhere)")
 
 
+def api_url() -> str:
+    """The Prefect API the deployment goes to: ``PREFECT_API_URL`` (the team's server, from its env file)."""
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    if not url:
+        raise DeployError("PREFECT_API_URL is not set: the deployment goes to the team's Prefect server "
+                          "(`source .stack/env`)")
+    return url
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.workers", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -62,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from pipeline.config.params import ParamsError, load_params
+    from pipeline.flows.preflight import PrefectPreflightError, check_prefect_server
     from pipeline.workers.deploy import WorkingTreeError, check_working_tree
     from pipeline.workers.deploy import deploy as deploy_flow
     from pipeline.workers.flow import DEFAULT_BRANCH
@@ -75,9 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         warning = check_working_tree(commit, args.allow_uncommitted)
         if warning:
             print(warning, file=sys.stderr, flush=True)
+        check_prefect_server(api_url())
         deployed = deploy_flow(args.repository, commit, args.pool, flows,
                                results_branch=args.results_branch or DEFAULT_BRANCH, paused=args.paused)
-    except (ParamsError, DeployError, WorkspaceError, ResultsError, WorkingTreeError) as err:
+    except (ParamsError, DeployError, WorkspaceError, ResultsError, WorkingTreeError, PrefectPreflightError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"deployment {deployed.name} ({deployed.deployment_id}) in pool {deployed.pool!r}: commit {commit}, "
