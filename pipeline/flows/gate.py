@@ -2,8 +2,10 @@
 significantly better, by sacrebleu's paired bootstrap test, on the gate set: a development set
 (``flows.gate_set``, by default ``data.valid_set``), never a test set. Test sets are compared
 the same way and reported beside the decision; they never decide (held-out data stays held out).
-Each model translates with its own registered decoding settings (the beam size and alpha its
-evaluate stage used, tuned on the validation set).
+Each model translates with its own registered decoding settings (the beam size, alpha, stopping
+rule and engine its evaluate stage used, tuned on the validation set): a version registered with
+ctranslate2 decodes its ``ctranslate2`` artifact, one registered before the engine was a setting
+decodes with torch, as it was scored.
 
 No Prefect here: the flow calls these functions in a task, the tests call them directly.
 
@@ -262,14 +264,17 @@ def translate_with_version(client: MlflowClient, name: str, version: str, source
                            precision: str = "fp32", tracking_uri: str | None = None,
                            ) -> tuple[dict[str, list[str]], dict[str, Any]]:
     """Translate each set's sources with a registered model version (its own checkpoint and
-    tokenizer, the pyfunc model's artifacts). ``beam_size`` / ``alpha`` None: the version's own
-    registered settings (what its evaluate stage chose, ``pipeline.serving.registered``), as its
-    stopping rule always is (versions registered before there was a choice stop by the exact rule
-    they were scored with); ``max_len_b``, ``batch_sentences`` and ``precision`` are the caller's,
-    as the challenger's. Returns the translations by set and the tuned settings used (``TUNED``)."""
+    tokenizer, the pyfunc model's artifacts) and its engine (its ``ctranslate2`` artifact where the
+    engine is ctranslate2; torch where it has none or CTranslate2 cannot load it, with a warning).
+    ``beam_size`` / ``alpha`` None: the version's own registered settings (what its evaluate stage
+    chose, ``pipeline.serving.registered``), as its stopping rule, engine and compute type always are
+    (versions registered before there was a choice stop by the exact rule they were scored with, and
+    decode with torch); ``max_len_b``, ``batch_sentences`` and ``precision`` are the caller's, as the
+    challenger's. Returns the translations by set and the tuned settings used (``TUNED``: the engine
+    that decoded)."""
     from pipeline.serving.decoding import TUNED
+    from pipeline.serving.engine import load_engine_translator
     from pipeline.serving.registered import SettingsNotRecorded, mlmodel_settings
-    from pipeline.serving.translator import load_translator
 
     with tempfile.TemporaryDirectory(prefix="champion-") as tmp:
         files = version_files(client, name, version, Path(tmp), tracking_uri)
@@ -279,16 +284,21 @@ def translate_with_version(client: MlflowClient, name: str, version: str, source
             raise GateError(f"{name} version {version} {err}") from None
         decoding = own.replace(beam_size=beam_size, alpha=alpha, max_len_b=max_len_b,
                                batch_sentences=batch_sentences, precision=precision)
-        translator = load_translator(files["model"], files["tokenizer"], decoding)
-        return ({name_: translator.translate(list(lines)) for name_, lines in sources.items()},
-                {key: getattr(decoding, key) for key in TUNED})
+        translator = load_engine_translator(files["model"], files["tokenizer"], decoding,
+                                            ct2_model=files.get("ctranslate2"),
+                                            model_source=f"{name} version {version}")
+        used = {key: getattr(translator.decoding, key) for key in TUNED}
+        if used["engine"] == "torch":
+            used["compute_type"] = None   # CTranslate2's only, as in reports/metrics.json
+        return {name_: translator.translate(list(lines)) for name_, lines in sources.items()}, used
 
 
 def version_files(client: MlflowClient, name: str, version: str, dst: Path,
                   tracking_uri: str | None = None) -> dict[str, Path]:
     """Download a registered version's pyfunc model into ``dst``; returns its artifacts by key:
-    ``model`` (the averaged checkpoint: config + weights) and ``tokenizer`` (the SentencePiece
-    model), as ``pipeline.serving.mlflow_model.log_translator`` logged them, and ``MLmodel`` (its metadata)."""
+    ``model`` (the averaged checkpoint: config + weights), ``tokenizer`` (the SentencePiece model)
+    and, where it has one, ``ctranslate2`` (the CTranslate2 model's folder), as
+    ``pipeline.serving.mlflow_model.log_translator`` logged them, and ``MLmodel`` (its metadata)."""
     import mlflow
 
     uri = client.get_model_version_download_uri(name, version)

@@ -176,8 +176,11 @@ def retrain_plan(workdir: str) -> RetrainPlan:
     return plan
 
 
-def _settings(beam_size: Any, alpha: Any, stopping: Any = "exact") -> str:
-    return f"beam {beam_size}, alpha {float(alpha):g}, stopping {stopping}"
+def _settings(beam_size: Any, alpha: Any, stopping: Any = "exact", engine: Any = "torch",
+              compute_type: Any = None) -> str:
+    """``beam 4, alpha 1.2, stopping fairseq, ctranslate2 int8`` (a version without an engine: torch)."""
+    return f"beam {beam_size}, alpha {float(alpha):g}, stopping {stopping}, {engine or 'torch'}" + (
+        f" {compute_type}" if compute_type else "")
 
 
 @task(name="promotion gate", cache_policy=NO_CACHE)
@@ -214,7 +217,8 @@ def promotion_gate(workdir: str, flow_run_id: str = "", extra_tags: dict[str, st
     champion = current_champion(client, name)
     systems = None
     d = metrics.get(DECODING, {})
-    decoding = ({"challenger": _settings(d["beam_size"], d["alpha"], d.get("stopping", "exact"))}
+    decoding = ({"challenger": _settings(d["beam_size"], d["alpha"], d.get("stopping", "exact"), d.get("engine"),
+                                         d.get("compute_type"))}
                 if "beam_size" in d and "alpha" in d else {})
     if champion is not None and str(champion.version) != str(challenger.version):
         sets = [gate_set, *data.test_sets]
@@ -223,7 +227,8 @@ def promotion_gate(workdir: str, flow_run_id: str = "", extra_tags: dict[str, st
         e = params.evaluate
         champion_hyps, used = translate_with_version(client, name, str(champion.version), sources, None, None,
                                                      e.max_len_b, e.batch_sentences, e.precision, tracking_uri=uri)
-        decoding["champion"] = _settings(used["beam_size"], used["alpha"], used["stopping"])
+        decoding["champion"] = _settings(*(used[k] for k in ("beam_size", "alpha", "stopping", "engine",
+                                                             "compute_type")))
         systems = {s: Systems(read_lines(root / paths.corpus_file(s, data.tgt_lang)), champion_hyps[s],
                               read_lines(root / paths.TRANSLATIONS_DIR / f"{s}.{data.tgt_lang}"))
                    for s in sets}

@@ -115,9 +115,10 @@ class DecodingConfig:
     # Versions registered before the engine was a setting (no CTranslate2 export) decode with torch.
     engine: str = _setting("torch", Rule(str, "who decodes: torch (our search) or ctranslate2 (the export "
                                               "stage's model; torch where CTranslate2 is missing or cannot load)",
-                                         choices=ENGINES, legacy="torch"))
+                                         choices=ENGINES, tuned=True, legacy="torch"))
+    # Tuned with the engine: the tune stage's choice has none where the engine is torch (``Decoding``).
     compute_type: str = _setting("float32", Rule(str, "CTranslate2's compute type (engine ctranslate2 only)",
-                                                 choices=COMPUTE_TYPES))
+                                                 choices=COMPUTE_TYPES, tuned=True))
 
     def __post_init__(self) -> None:
         for name, rule in RULES.items():
@@ -131,9 +132,13 @@ class DecodingConfig:
     @classmethod
     def of(cls, settings: Any) -> DecodingConfig:
         """From a mapping or an object with these attributes (``params.evaluate``); other keys
-        (``attention_sentences``) are ignored, missing or None ones keep the paper's defaults."""
+        (``attention_sentences``) are ignored, missing or None ones keep the paper's defaults, but
+        for the stopping rule of engine ctranslate2: its own, fairseq (exact is our search's)."""
         get = settings.get if isinstance(settings, Mapping) else lambda k: getattr(settings, k, None)
-        return cls(**{f.name: get(f.name) for f in fields(cls) if get(f.name) is not None})
+        values = {f.name: get(f.name) for f in fields(cls) if get(f.name) is not None}
+        if values.get("engine") == "ctranslate2":
+            values.setdefault("stopping", "fairseq")
+        return cls(**values)
 
     def replace(self, **changes: Any) -> DecodingConfig:
         """A copy with ``changes`` (None values ignored), checked like a new one."""
@@ -149,7 +154,7 @@ class DecodingConfig:
 
 
 RULES: dict[str, Rule] = {f.name: f.metadata["rule"] for f in fields(DecodingConfig)}
-TUNED = tuple(name for name, rule in RULES.items() if rule.tuned)        # beam_size, alpha, stopping
+TUNED = tuple(name for name, rule in RULES.items() if rule.tuned)   # beam_size, alpha, stopping, engine, compute_type
 REQUEST = tuple(name for name, rule in RULES.items() if rule.request)    # what a request's params may set
 LEGACY = {name: rule.legacy for name, rule in RULES.items() if rule.legacy is not None}
 
@@ -214,13 +219,23 @@ def request_settings(defaults: DecodingConfig, params: Mapping[str, Any] | None)
 # ----------------------------------------------------------------------------- the tune stage's choice
 
 TUNE_REPORT = Path("reports/tune.json")   # the tune stage's choice (relative to the repository root)
+# What a tune report written before the stage chose the engine decoded with (our search: no compute type).
+BEFORE_ENGINES = {"engine": "torch", "compute_type": None}
+
+
+def tune_detail(tune_report: str | os.PathLike) -> Path:
+    """The tune report's detail beside it (``reports/tune.json`` -> ``reports/tune/scores.json``),
+    whose ``engines`` hold each engine's own chosen point."""
+    return Path(tune_report).with_suffix("") / "scores.json"
 
 
 @dataclass(frozen=True)
 class Decoding:
     """The ``TUNED`` settings the evaluate stage (and the model it registers) decode with, and where
     each came from: ``params`` (set in evaluate) or ``tune`` (null there: the tune stage's choice on
-    the validation set). Read as attributes: ``beam_size``, ``beam_size_from``, ..."""
+    the validation set). ``compute_type`` is None where the engine is torch (CTranslate2's only;
+    torch decodes at ``precision``), and comes from where the engine does. Read as attributes:
+    ``beam_size``, ``beam_size_from``, ..."""
 
     settings: Mapping[str, Any]
     sources: Mapping[str, str]
@@ -236,32 +251,72 @@ class Decoding:
         return {**{k: self.settings[k] for k in TUNED}, **{f"{k}_from": self.sources[k] for k in TUNED}}
 
     def applied_to(self, config: DecodingConfig) -> DecodingConfig:
-        """``config`` with these settings."""
+        """``config`` with these settings (a None compute type leaves the config's: torch ignores it)."""
         return config.replace(**{k: self.settings[k] for k in TUNED})
+
+
+def _checked(chosen: Mapping[str, Any]) -> dict[str, Any]:
+    """A tune choice (``TUNED``, compute_type None with torch) checked as the settings it becomes."""
+    settings = {key: typed(key, chosen[key]) for key in TUNED}
+    if settings["engine"] == "ctranslate2" and settings["compute_type"] is None:
+        raise ValueError("compute_type is null with engine ctranslate2")
+    DecodingConfig(**{k: v for k, v in settings.items() if k != "compute_type" or v is not None})
+    return settings
+
+
+def _tune_choice(path: Path, missing: str, engine: str | None) -> dict[str, Any]:
+    """The tune stage's choice in ``path`` or, where ``engine`` is set to another engine than it
+    chose, that engine's own chosen point (its alpha is its own penalty) in the report's detail."""
+    if not path.is_file():
+        raise TuneReportMissing(f"{path} does not exist: {missing} null means the tune stage's choice; run it "
+                                f"(dvc repro) or set {missing} in params.yaml")
+    try:
+        report = yaml.safe_load(path.read_text())["chosen"]   # JSON is YAML
+        chosen = _checked({**BEFORE_ENGINES, **report})
+    except (yaml.YAMLError, TypeError, KeyError, ValueError) as err:
+        reason = " ".join(str(err).split())   # one line (YAML's messages quote the text over several)
+        raise ParamsError(f"{path} holds no valid choice ({type(err).__name__}: {reason}): rerun the tune stage "
+                          "(dvc repro tune)") from None
+    if engine is None or engine == chosen["engine"]:
+        return chosen
+    detail = tune_detail(path)
+    try:
+        return _checked({"compute_type": None, **yaml.safe_load(detail.read_text())["engines"][engine]["chosen"]})
+    except (OSError, yaml.YAMLError, TypeError, KeyError, ValueError):
+        raise ParamsError(f"evaluate.engine {engine} is not the tune stage's choice ({chosen['engine']}) and {detail} "
+                          f"holds no choice of its own for it: set {missing}, or add {engine} to tune.engines "
+                          "(tune searches CTranslate2 only where it can load)") from None
 
 
 def decoding_settings(evaluate: Any, tune_report: str | os.PathLike = TUNE_REPORT) -> Decoding:
     """``evaluate``'s (``params.evaluate``: a mapping or an object) ``TUNED`` settings where set,
     the tune stage's choice (``tune_report``, read only when one of them is null) for the others.
 
+    Each engine's alpha is its own length penalty (``DecodingConfig``): where ``evaluate.engine``
+    names another engine than tune chose, the null settings are that engine's own chosen point
+    (``engines`` in ``tune_detail(tune_report)``). ``compute_type`` is CTranslate2's: None with
+    engine torch (not read from tune then), and set with torch it is an error.
+
     Raises ``TuneReportMissing`` when the report is needed and absent, ``ParamsError`` when it holds
-    no valid choice."""
+    no valid choice or when the settings cannot decode together (stopping exact with CTranslate2)."""
     get = evaluate.get if isinstance(evaluate, Mapping) else lambda k: getattr(evaluate, k, None)
     given = {key: get(key) for key in TUNED}
-    missing = " and ".join(f"evaluate.{k}" for k, v in given.items() if v is None)
-    chosen: dict[str, Any] = {}
-    if missing:
-        path = Path(tune_report)
-        if not path.is_file():
-            raise TuneReportMissing(f"{path} does not exist: {missing} null means the tune stage's choice; run it "
-                                    f"(dvc repro) or set {missing} in params.yaml")
-        try:
-            report = yaml.safe_load(path.read_text())["chosen"]   # JSON is YAML
-            chosen = {key: typed(key, report[key]) for key in TUNED}
-            DecodingConfig(**chosen)   # checked as the settings they become
-        except (yaml.YAMLError, TypeError, KeyError, ValueError) as err:
-            reason = " ".join(str(err).split())   # one line (YAML's messages quote the text over several)
-            raise ParamsError(f"{path} holds no valid choice ({type(err).__name__}: {reason}): rerun the tune stage "
-                              "(dvc repro tune)") from None
-    return Decoding({key: chosen[key] if given[key] is None else given[key] for key in TUNED},
-                    {key: "tune" if given[key] is None else "params" for key in TUNED})
+    needed = [k for k, v in given.items() if v is None and not (k == "compute_type" and given["engine"] == "torch")]
+    # The compute type follows a null engine (none for torch): named only where the engine is set.
+    missing = " and ".join(f"evaluate.{k}" for k in needed if k != "compute_type" or "engine" not in needed)
+    chosen = _tune_choice(Path(tune_report), missing, given["engine"]) if needed else {}
+    settings = {key: chosen.get(key) if given[key] is None else given[key] for key in TUNED}
+    sources = {key: "tune" if given[key] is None else "params" for key in TUNED}
+    if settings["engine"] == "torch":
+        if given["compute_type"] is not None:
+            raise ParamsError(f"evaluate.compute_type {given['compute_type']} is CTranslate2's, but the engine is "
+                              f"torch (from {sources['engine']}): set evaluate.engine ctranslate2 or leave "
+                              "evaluate.compute_type null")
+        settings["compute_type"], sources["compute_type"] = None, sources["engine"]
+    try:
+        DecodingConfig.of(settings)
+    except ValueError as err:   # valid alone, not together: stopping exact (params) with ctranslate2 (tune)
+        used = ", ".join(f"{k} {settings[k]} ({sources[k]})" for k in ("engine", "stopping"))
+        raise ParamsError(f"evaluate: {used} cannot decode together: "
+                          f"{str(err).removeprefix('DecodingConfig.')}") from None
+    return Decoding(settings, sources)

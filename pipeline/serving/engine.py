@@ -30,11 +30,14 @@ AnyTranslator = Translator | CT2Translator
 def load_engine_translator(model: str | os.PathLike | Mapping[str, Any], tokenizer_file: str | os.PathLike,
                            decoding: DecodingConfig, ct2_model: str | os.PathLike | None = None,
                            device: torch.device | str | None = None, model_source: str | None = None,
-                           hint: str = "", threads: tuple[int, int] | None = None) -> AnyTranslator:
+                           hint: str = "", threads: tuple[int, int] | None = None,
+                           fallback: bool = True) -> AnyTranslator:
     """The translator ``decoding.engine`` names: ``ct2_model`` (an exported directory) at
     ``decoding.compute_type`` for ctranslate2, else, or where CTranslate2 is unavailable (a one-line
     warning), ``model`` (a checkpoint file or a loaded one) with our search. ``threads``:
-    CTranslate2's (inter_threads, intra_threads). Raises what ``load_translator`` raises."""
+    CTranslate2's (inter_threads, intra_threads). Raises what ``load_translator`` raises, and
+    ``EngineUnavailable`` instead of falling back where ``fallback`` is False (the tune stage, which
+    says so once and searches torch only)."""
     if decoding.engine == "ctranslate2":
         torch_device = torch.device(device) if device is not None else default_device()
         try:
@@ -46,6 +49,8 @@ def load_engine_translator(model: str | os.PathLike | Mapping[str, Any], tokeniz
             return load_ct2_translator(ct2_model, tokenizer_file, decoding, max_positions,
                                        device="cuda" if torch_device.type == "cuda" else "cpu", threads=threads)
         except EngineUnavailable as err:
+            if not fallback:
+                raise
             print(f"warning: decoding with torch instead of ctranslate2: CTranslate2 {err}", file=sys.stderr)
             decoding = decoding.replace(engine="torch")
     return load_translator(model, tokenizer_file, decoding, device, model_source, hint)

@@ -145,7 +145,7 @@ def _run_decoding(run_id: str, chosen: Mapping[str, Any]) -> tuple[DecodingConfi
     parsed = {}
     for key, value in settings.items():
         try:
-            parsed[key] = json.loads(value)
+            parsed[key] = None if value == "None" else json.loads(value)   # a null param is logged as None
         except ValueError:
             parsed[key] = value    # a plain string (precision: fp32)
     decoding = DecodingConfig.of({**parsed, **{k: chosen[k] for k in TUNED if chosen.get(k) is not None}})

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.config import paths
 from pipeline.config.errors import ParamsError
-from pipeline.serving.decoding import DecodingConfig
+from pipeline.serving.decoding import RULES, DecodingConfig
 from pipeline.serving.engine import AnyTranslator, load_engine_translator
 from transformer.checkpoint import load_checkpoint
 
@@ -33,16 +33,21 @@ def load_averaged() -> dict[str, Any]:
 
 
 def build_translator(checkpoint: dict[str, Any], params: Params, beam_size: int | None = None,
-                     alpha: float | None = None, device: torch.device | None = None,
+                     alpha: float | None = None, device: torch.device | None = None, fallback: bool = True,
                      **settings: Any) -> AnyTranslator:
     """The averaged model and its tokenizer (checked to be the model's) decoding with ``evaluate``'s
     settings, ``beam_size``, ``alpha`` and other ``settings`` (``engine``, ``compute_type``, ...) where
     given (None: the paper's until set on the translator). Engine ctranslate2 decodes the export
-    stage's model (torch, with a warning, where CTranslate2 cannot)."""
-    decoding = DecodingConfig.of(params.evaluate).replace(beam_size=beam_size, alpha=alpha, **settings)
+    stage's model (torch, with a warning, where CTranslate2 cannot; ``EngineUnavailable`` instead
+    where ``fallback`` is False)."""
+    given = {"beam_size": beam_size, "alpha": alpha, **settings}
+    # Checked together (evaluate.engine ctranslate2 with a null stopping: the one given here, not the default).
+    decoding = DecodingConfig.of({**{name: getattr(params.evaluate, name, None) for name in RULES},
+                                  **{k: v for k, v in given.items() if v is not None}})
     try:
         return load_engine_translator(checkpoint, paths.TOKENIZER_MODEL, decoding, paths.CT2_MODEL, device,
-                                      str(paths.AVERAGED_MODEL), hint="rerun the pipeline (dvc repro)")
+                                      str(paths.AVERAGED_MODEL), hint="rerun the pipeline (dvc repro)",
+                                      fallback=fallback)
     except ValueError as err:   # not a usable SentencePiece model
         raise ParamsError(str(err)) from None
 

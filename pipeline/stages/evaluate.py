@@ -2,12 +2,15 @@
 (§6.1) and score them with sacrebleu (detokenized BLEU and chrF, with their signatures); draw
 attention maps.
 
-Beam size, alpha and stopping rule are ``evaluate.beam_size`` / ``evaluate.alpha`` /
-``evaluate.stopping`` where set, else the tune stage's choice on the validation set
-(``reports/tune.json``); ``reports/metrics.json`` records which (``decoding``). The validation
-set's translations (``reports/translations/<valid_set>.*``, copied from the tune stage when it
-decoded the whole set with the same settings) are what the promotion gate judges; the test sets'
-are only reported.
+Beam size, alpha, stopping rule, engine and compute type are ``evaluate.beam_size`` / ``evaluate.alpha``
+/ ``evaluate.stopping`` / ``evaluate.engine`` / ``evaluate.compute_type`` where set, else the tune stage's
+choice on the validation set (``reports/tune.json``; ``pipeline.serving.decoding.decoding_settings``);
+``reports/metrics.json`` records which (``decoding``). The engine is ``torch`` (our search) or
+``ctranslate2`` (the export stage's model of the same weights, at its compute type); where CTranslate2
+cannot decode here the stage decodes with torch, says so, and records torch. The validation set's
+translations (``reports/translations/<valid_set>.*``, copied from the tune stage when it decoded the
+whole set with the same settings and engine) are what the promotion gate judges; the test sets' are
+only reported. Attention maps are our model's, over the chosen engine's translations.
 
 Writes (docs/metrics.md), no time in either (a DVC output follows from the deps and params alone):
 
@@ -16,12 +19,14 @@ Writes (docs/metrics.md), no time in either (a DVC output follows from the deps 
     {"test": {<test set>: {"bleu", "chrf"}},       # sacreBLEU; WMT sets add "bleu_tok_compound_split",
                                                    # Multi30k sets "bleu_lc_tok" (the literature's)
      "dev": {<valid_set>: {"bleu", "chrf"}},       # what the promotion gate judges (+ "bleu_lc_tok")
-     "decoding": {"beam_size", "alpha", "stopping"}}   # the settings used
+     "decoding": {"beam_size", "alpha", "stopping",    # the settings used, and who decoded:
+                  "engine", "compute_type"}}       # torch (compute_type null) or ctranslate2
 
 - ``reports/evaluate/scores.json``, a DVC output: the same keys and every detail, per set
   ``length_ratio``, ``sentences``, the sacreBLEU ``signature`` and ``chrf_signature`` (test sets),
   the paper's BLEU's or the literature's BLEU's description, ``translated_by`` (validation: this stage
-  or the tune stage); under ``decoding`` also ``<setting>_from`` (params or tune), ``max_len_b`` and ``precision``.
+  or the tune stage); under ``decoding`` also ``<setting>_from`` (params, tune, or ``fallback`` where the
+  engine could not load), ``max_len_b`` and ``precision``.
 """
 
 from __future__ import annotations
@@ -55,7 +60,8 @@ from pipeline.scoring.reports import (
     scores_of_test_sets,
 )
 from pipeline.scoring.sacrebleu_scores import score
-from pipeline.serving.decoding import Decoding, decoding_settings
+from pipeline.serving.decoding import TUNED, Decoding, decoding_settings
+from pipeline.serving.engine import AnyTranslator
 from pipeline.serving.split_decoding import build_translator, load_averaged, split_files
 from pipeline.serving.translator import Translator
 from pipeline.stages.runner import run_stage
@@ -66,7 +72,8 @@ from transformer.search import attention_weights
 PAPER_KEY = "bleu_tok_compound_split"
 # reports/metrics.json's per-set scores and decoding settings; the rest is reports/evaluate/scores.json's.
 HEADLINE_SCORES = ("bleu", "chrf", PAPER_KEY, LITERATURE_KEY)
-HEADLINE_DECODING = ("beam_size", "alpha", "stopping")
+HEADLINE_DECODING = ("beam_size", "alpha", "stopping", "engine", "compute_type")
+FALLBACK = "fallback"   # the engine's source where CTranslate2 could not decode here and torch did
 
 
 def paper_score(hypotheses: list[str], references: list[str], lang: str) -> dict[str, Any]:
@@ -98,16 +105,17 @@ def headline(detail: dict[str, Any]) -> dict[str, Any]:
             DECODING: {k: detail[DECODING][k] for k in HEADLINE_DECODING}}
 
 
-def draw_attention(translator: Translator, sources: list[str], count: int,
+def draw_attention(translator: AnyTranslator, ours: Translator, sources: list[str], count: int,
                    out_dir: Path) -> list[Path]:
-    """Heatmaps of the first ``count`` test sentences (fixed, so runs compare)."""
+    """Heatmaps of the first ``count`` test sentences (fixed, so runs compare): ``translator``'s
+    translation (the chosen engine's) with our model's attention over it (teacher-forced, ``ours``)."""
     written = []
     tok = translator.tokenizer
     for i, source in enumerate(sources[:count]):
         src_ids = tok.encode([source])[0]
         hyp_ids = translator.translate_ids([src_ids])[0]
-        src = translator.source_tensor([src_ids])
-        weights = attention_weights(translator.model, src, hyp_ids)
+        src = ours.source_tensor([src_ids])
+        weights = attention_weights(ours.model, src, hyp_ids)
         src_pieces = [tok.sp.id_to_piece(t) for t in src_ids] + ["</s>"]
         tgt_pieces = ["<s>"] + [tok.sp.id_to_piece(t) for t in hyp_ids]
         written += plot_attention(weights, src_pieces, tgt_pieces, out_dir, f"sentence{i + 1}")
@@ -128,8 +136,7 @@ def tuned_translations(params: Sections, decoding: Decoding, sentences: int, mod
     would decode (same model, whole set, same settings); else None."""
     record, e = tune_record(), params.evaluate
     wanted = {"model_sha256": model_sha256, "valid_set": params.data.valid_set, "sentences": sentences,
-              "beam_size": decoding.beam_size, "alpha": decoding.alpha, "stopping": decoding.stopping,
-              "max_len_b": e.max_len_b,
+              **{k: getattr(decoding, k) for k in TUNED}, "max_len_b": e.max_len_b,
               "batch_sentences": e.batch_sentences, "precision": e.precision}
     if any(record.get(k) != v for k, v in wanted.items()):
         return None
@@ -143,14 +150,17 @@ def evaluate(params: Sections) -> dict[str, Any]:
     start_all = time.monotonic()
     data, e = params.data, params.evaluate
     checkpoint = load_averaged()
-    translator = build_translator(checkpoint, params)   # model and tokenizer checked first
     test_files = {t: split_files(t, "data.test_sets", params) for t in data.test_sets}
     valid_files = split_files(data.valid_set, "data.valid_set", params)
     decoding = decoding_settings(e)
+    translator = build_translator(checkpoint, params, **decoding.settings)   # the model and tokenizer checked
+    if translator.decoding.engine != decoding.engine:   # CTranslate2 could not decode here (one warning line)
+        decoding = Decoding({**decoding.settings, "engine": "torch", "compute_type": None},
+                            {**decoding.sources, "engine": FALLBACK, "compute_type": FALLBACK})
     print(f"decoding: beam {decoding.beam_size} ({decoding.beam_size_from}), alpha {decoding.alpha:g} "
-          f"({decoding.alpha_from}), stopping {decoding.stopping} ({decoding.stopping_from})", flush=True)
-    translator.decoding = translator.decoding.replace(beam_size=decoding.beam_size, alpha=decoding.alpha,
-                                                      stopping=decoding.stopping)
+          f"({decoding.alpha_from}), stopping {decoding.stopping} ({decoding.stopping_from}), engine "
+          f"{decoding.engine}{f' {decoding.compute_type}' if decoding.compute_type else ''} ({decoding.engine_from})",
+          flush=True)
     tests: dict[str, dict[str, Any]] = {}   # scores only: decoding times go to MLflow and the console
     decode_seconds: dict[str, float] = {}
     paths.ATTENTION_DIR.mkdir(parents=True, exist_ok=True)   # a DVC output, even with attention_sentences 0
@@ -173,7 +183,9 @@ def evaluate(params: Sections) -> dict[str, Any]:
             print(f"{test_set}: {LITERATURE_KEY} {tests[test_set][LITERATURE_KEY]:.2f}, "
                   f"{tests[test_set][LITERATURE_KEY + '_description']}", flush=True)
         if test_set == data.test_sets[0] and e.attention_sentences:
-            draw_attention(translator, sources, e.attention_sentences, paths.ATTENTION_DIR)
+            ours = translator if isinstance(translator, Translator) else build_translator(checkpoint, params,
+                                                                                          engine="torch")
+            draw_attention(translator, ours, sources, e.attention_sentences, paths.ATTENTION_DIR)
 
     # The validation set: what the promotion gate compares (never a test set).
     sources, references = read_lines(valid_files[0]), read_lines(valid_files[1])

@@ -31,8 +31,9 @@ TINY = {
               "log_every": 10, "validate_every": 20,
               "precision": "fp32", "device": "cpu"},
     "average": {"last_n": 3},
-    # beam 4 (params.yaml's) x 2 alphas x both stopping rules on the whole validation set
-    "tune": {"alphas": [0.6, 1.0], "stoppings": ["exact", "fairseq"]},
+    # beam 4 (params.yaml's) x 2 alphas x both stopping rules on the whole validation set; CTranslate2's own
+    # 2 alphas, then int8 at its point
+    "tune": {"alphas": [0.6, 1.0], "stoppings": ["exact", "fairseq"], "ct2_alphas": [0.6, 1.2]},
     "evaluate": {"beam_size": 2, "max_len_b": 8, "batch_sentences": 250, "attention_sentences": 1},
     "tracking": {"experiment": "test-experiment", "registered_model": "test-translator"},
 }

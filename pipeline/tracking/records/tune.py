@@ -1,8 +1,9 @@
 """The tune stage's record: the model's run (a child when ``tune`` params changed), tagged as the run
 evaluate logs into, with ``valid_bleu`` (the chosen point's validation BLEU: what sweeps rank by),
 its chrF, length ratio and, for Multi30k, the literature's BLEU (``tune/valid_bleu_lc_tok``, never
-ranking), the whole grid as a table artifact (``tune/grid.json``, with each point's decoding time,
-which the report file leaves out) and the report file."""
+ranking), each engine's own chosen point's BLEU (``tune/valid_bleu/<engine>``), the whole grid as a
+table artifact (``tune/grid.json``, with each point's decoding time, which the report file leaves
+out) and the report file."""
 
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ def send(data: Mapping[str, Any], files: Mapping[str, Path], progress: MutableMa
               "tune/valid_length_ratio": chosen["length_ratio"], "time/tune_seconds": data["seconds"]}
     if LITERATURE_KEY in chosen:   # the literature's BLEU (Multi30k), reported: valid_bleu ranks
         values[f"tune/valid_{LITERATURE_KEY}"] = chosen[LITERATURE_KEY]
+    for engine, searched in (data["report"].get("engines") or {}).items():   # each engine's own choice
+        values[f"tune/valid_bleu/{engine}"] = searched["chosen"]["bleu"]
     c.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in values.items()])
     grid = [dict(point) for point in data["report"]["grid"]]
     for point, seconds in zip(grid, data.get("times") or []):

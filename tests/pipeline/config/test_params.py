@@ -193,11 +193,15 @@ def test_decoding_comes_from_tune_unless_params_set_it(tmp_path):
     d = decoding_settings(EvaluateParams(beam_size=1, stopping="exact"), report)
     assert (d.beam_size, d.alpha, d.stopping, d.beam_size_from, d.alpha_from, d.stopping_from) == (
         1, 1.5, "exact", "params", "tune", "params")
-    d = decoding_settings(EvaluateParams(beam_size=5, alpha=0.6, stopping="exact"), tmp_path / "missing.json")
-    assert d.as_dict() == {"beam_size": 5, "alpha": 0.6, "stopping": "exact", "beam_size_from": "params",
-                           "alpha_from": "params", "stopping_from": "params"}   # the report is not read
+    d = decoding_settings(EvaluateParams(beam_size=5, alpha=0.6, stopping="exact", engine="torch"),
+                          tmp_path / "missing.json")
+    assert d.as_dict() == {"beam_size": 5, "alpha": 0.6, "stopping": "exact", "engine": "torch", "compute_type": None,
+                           "beam_size_from": "params", "alpha_from": "params", "stopping_from": "params",
+                           "engine_from": "params", "compute_type_from": "params"}   # the report is not read
     with pytest.raises(ParamsError, match="missing.json does not exist: evaluate.stopping null means the tune stage"):
-        decoding_settings(EvaluateParams(beam_size=5, alpha=0.6), tmp_path / "missing.json")
+        decoding_settings(EvaluateParams(beam_size=5, alpha=0.6, engine="torch"), tmp_path / "missing.json")
+    with pytest.raises(ParamsError, match="missing.json does not exist: evaluate.engine null means the tune stage"):
+        decoding_settings(EvaluateParams(beam_size=5, alpha=0.6, stopping="exact"), tmp_path / "missing.json")
     report.write_text('{"chosen": {"beam_size": 0, "alpha": 1.5, "stopping": "exact"}}')
     with pytest.raises(ParamsError, match="holds no valid choice"):
         decoding_settings(EvaluateParams(), report)
@@ -209,6 +213,17 @@ def test_decoding_comes_from_tune_unless_params_set_it(tmp_path):
 def test_a_bad_stopping_rule_names_its_key():
     with pytest.raises(ValueError, match="evaluate.stopping must be one of exact, fairseq, got 'early'"):
         EvaluateParams(stopping="early")
+
+
+def test_the_engine_and_its_settings_are_checked_together():
+    assert EvaluateParams(engine="ctranslate2").stopping is None   # its own rule, or tune's choice
+    with pytest.raises(ParamsError, match="^evaluate.engine must be one of torch, ctranslate2, got 'onnx'$"):
+        EvaluateParams(engine="onnx")
+    with pytest.raises(ParamsError, match="^evaluate.stopping exact is our search's rule, but evaluate.engine is "
+                                          "ctranslate2"):
+        EvaluateParams(engine="ctranslate2", stopping="exact")
+    with pytest.raises(ParamsError, match="^evaluate.compute_type int8 is CTranslate2's, but evaluate.engine is torch"):
+        EvaluateParams(engine="torch", compute_type="int8")
 
 
 def test_explicit_decoding_and_gate_set_load(tmp_path):

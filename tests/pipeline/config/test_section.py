@@ -25,7 +25,11 @@ def test_dotted_paths_write_list_positions_in_brackets():
     ({"stoppings": ["exact", "soon"]}, "tune.stoppings[1] must be one of exact, fairseq, got 'soon'"),
     ({"stoppings": "exact"}, "tune.stoppings must be a list, got 'exact'"),
     ({"max_sentences": 1.0}, "tune.max_sentences must be an integer, got 1.0"),
-    ({"beam_size": [4]}, "unknown key tune.beam_size (known: beam_sizes, alphas, stoppings, max_sentences)"),
+    ({"beam_size": [4]}, "unknown key tune.beam_size (known: engines, beam_sizes, alphas, stoppings, ct2_alphas, "
+                         "max_sentences)"),
+    ({"engines": ["torch", "onnx"]}, "tune.engines[1] must be one of torch, ctranslate2, got 'onnx'"),
+    ({"engines": []}, "tune.engines must list at least one value"),
+    ({"ct2_alphas": [1.0, 1.0]}, "tune.ct2_alphas lists a value twice: [1.0, 1.0]"),
 ])
 def test_a_bad_value_is_one_line_naming_its_key(values, message):
     with pytest.raises(ParamsError) as err:

@@ -1,6 +1,7 @@
 """pipeline/serving/translate.py: the command line translates stdin or a file with the pipeline's
 model, keeps empty lines, takes its decoding defaults from params.yaml and the tune report (the
-paper's with a warning before tune has run; a corrupt report is an error) and fails in one line."""
+paper's with a warning before tune has run; a corrupt report is an error), decodes with the tuned
+engine (``--engine``: another one, with its own tuned settings) and fails in one line."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import pytest
 import torch
 import yaml
 
+from pipeline.serving.ct2_translator import load_ct2_translator
 from pipeline.serving.decoding import DecodingConfig
+from pipeline.serving.export import export_ctranslate2
 from pipeline.serving.translator import Translator, load_translator
 from transformer.checkpoint import load_model, model_checkpoint, save_checkpoint
 from transformer.config import build_config
@@ -106,15 +109,15 @@ def test_without_a_tune_report_the_papers_settings_with_a_warning(untuned):
     assert done.returncode == 0, done.stderr[-2000:]
     (warning,) = done.stderr.splitlines()
     assert warning == ("warning: reports/tune.json does not exist (the tune stage has not run): translating with "
-                       "the paper's beam_size 4, alpha 0.6, stopping exact (§6.1), not settings chosen on the "
-                       "validation set")
+                       "the paper's beam_size 4, alpha 0.6, stopping exact, engine torch (§6.1), not settings "
+                       "chosen on the validation set")
     paper = load_translator(untuned / "models/model.pt", untuned / "data/tokenizer/spm.model",
                             DecodingConfig(max_len_b=6), device="cpu")
     assert done.stdout.splitlines() == as_the_command_translates(paper)
     # Settings given on the command line are no fallback: the warning names only what still is.
     done = translate(untuned, "--beam-size", "2", "--alpha", "1.0")
     assert done.returncode == 0 and done.stderr.splitlines() == [warning.replace("beam_size 4, alpha 0.6, ", "")]
-    done = translate(untuned, "--beam-size", "2", "--alpha", "1.0", "--stopping", "fairseq")
+    done = translate(untuned, "--beam-size", "2", "--alpha", "1.0", "--stopping", "fairseq", "--engine", "torch")
     assert done.returncode == 0 and done.stderr == ""
 
 
@@ -150,3 +153,29 @@ def test_a_valid_tune_report_sets_the_null_settings(untuned):
     assert done.stdout.splitlines() == as_the_command_translates(tuned_)
     assert "(default: 1.0, from reports/tune.json (tuned on the validation set))" in usage
     assert "(default: 6, from params.yaml's evaluate section)" in usage
+
+
+def test_the_tuned_engine_decodes_and_another_takes_its_own_tuned_settings(untuned):
+    tokenizer = untuned / "data/tokenizer/spm.model"
+    model = load_model(untuned / "models/model.pt")
+    exported = export_ctranslate2(model, tokenizer, untuned / "models/ctranslate2")
+    points = {"torch": {"beam_size": 2, "alpha": 1.5, "stopping": "exact", "engine": "torch", "compute_type": None},
+              "ctranslate2": {"beam_size": 3, "alpha": 1.0, "stopping": "fairseq", "engine": "ctranslate2",
+                              "compute_type": "int8"}}
+    (untuned / "reports/tune").mkdir(parents=True, exist_ok=True)
+    (untuned / "reports/tune.json").write_text(json.dumps({"chosen": points["ctranslate2"], "valid_bleu": 1.0}))
+    (untuned / "reports/tune/scores.json").write_text(json.dumps({"engines": {
+        name: {"chosen": {**point, "bleu": 1.0}} for name, point in points.items()}}))
+    try:
+        chosen, by_torch = translate(untuned), translate(untuned, "--engine", "torch")
+    finally:
+        (untuned / "reports/tune.json").unlink()
+        (untuned / "reports/tune/scores.json").unlink()
+    ct2 = load_ct2_translator(exported, tokenizer, DecodingConfig(**points["ctranslate2"] | {"max_len_b": 6}),
+                              model.config.max_positions)
+    assert chosen.returncode == 0 and chosen.stderr == ""
+    assert chosen.stdout.splitlines() == as_the_command_translates(ct2)
+    ours = load_translator(model_checkpoint(model), tokenizer, DecodingConfig(beam_size=2, alpha=1.5, max_len_b=6),
+                           device="cpu")   # torch's own alpha (GNMT's penalty) and stopping rule
+    assert by_torch.returncode == 0 and by_torch.stderr == ""
+    assert by_torch.stdout.splitlines() == as_the_command_translates(ours)

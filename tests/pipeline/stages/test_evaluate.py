@@ -1,14 +1,23 @@
 """pipeline/stages/evaluate.py: sacrebleu scores with signatures, translations, attention heatmaps,
-the decoding settings used and where they came from, the validation translations the gate judges, and
-the literature's BLEU beside sacreBLEU's."""
+the decoding settings used and where they came from (the engine and compute type included: the test
+sets decoded by the chosen one, torch where CTranslate2 cannot), the validation translations the gate
+judges (the tune stage's reused only when decoded alike), and the literature's BLEU beside sacreBLEU's."""
 
 import json
+import shutil
+from pathlib import Path
 
 import matplotlib.image as mpimg
 import sacrebleu
 from mlflow.tracking import MlflowClient
 
 from pipeline.scoring.literature_bleu import LABEL, bleu_lc_tok
+from pipeline.serving.ct2_translator import load_ct2_translator
+from pipeline.serving.decoding import DecodingConfig
+from pipeline.serving.translator import load_translator
+from pipeline.stages.evaluate import evaluate
+from transformer.atomic import file_sha256
+from transformer.checkpoint import load_checkpoint
 
 
 def test_metrics_match_sacrebleu_on_the_written_translations(workspace):
@@ -34,7 +43,8 @@ def test_the_metric_file_is_the_details_headline(workspace):
     for group in ("test", "dev"):
         assert metrics[group] == {name: {k: m[k] for k in ("bleu", "chrf", "bleu_lc_tok")}
                                   for name, m in detail[group].items()}
-    assert metrics["decoding"] == {k: detail["decoding"][k] for k in ("beam_size", "alpha", "stopping")}
+    assert metrics["decoding"] == {k: detail["decoding"][k] for k in ("beam_size", "alpha", "stopping", "engine",
+                                                                     "compute_type")}
 
 
 def test_attention_heatmaps_for_every_kind_and_layer(workspace):
@@ -59,6 +69,8 @@ def test_decoding_settings_and_their_sources_are_recorded(workspace):
     tuned = json.loads(workspace.first_outputs["reports/tune.json"])["chosen"]
     assert metrics["decoding"] == {"beam_size": 2, "beam_size_from": "params", "alpha": tuned["alpha"],
                                    "alpha_from": "tune", "stopping": tuned["stopping"], "stopping_from": "tune",
+                                   "engine": tuned["engine"], "engine_from": "tune",
+                                   "compute_type": tuned["compute_type"], "compute_type_from": "tune",
                                    "max_len_b": 8, "precision": "fp32"}
 
 
@@ -95,3 +107,82 @@ def test_the_literatures_bleu_beside_sacrebleu(workspace):
         assert "bleu_lc_tok_description" not in metrics[group][split]
         assert any(m.get(f"{group}/{split}/bleu_lc_tok") == scores["bleu_lc_tok"] for m in logged)
     assert "bleu_tok_compound_split" not in detail["test"]["test_2016_flickr"]   # WMT's paper measure only
+
+
+# ----------------------------------------------------------------------------- the engine, on a small workspace
+
+CHOICES = {"torch": {"beam_size": 2, "alpha": 1.5, "stopping": "exact", "engine": "torch", "compute_type": None},
+           "ctranslate2": {"beam_size": 2, "alpha": 1.0, "stopping": "fairseq", "engine": "ctranslate2",
+                           "compute_type": "int8"}}
+
+
+def tune_chose(engine: str) -> dict:
+    """reports/tune.json choosing ``engine``'s point of ``CHOICES``, each engine's beside it in the detail."""
+    Path("reports/tune").mkdir(parents=True, exist_ok=True)
+    Path("reports/tune.json").write_text(json.dumps({"chosen": CHOICES[engine], "valid_bleu": 1.0}))
+    Path("reports/tune/scores.json").write_text(json.dumps({"engines": {
+        name: {"chosen": {**point, "bleu": 1.0}} for name, point in CHOICES.items()}}))
+    return CHOICES[engine]
+
+
+def lines(path: str) -> list[str]:
+    return Path(path).read_text().splitlines()
+
+
+def decoded_by(engine: str, point: dict) -> list[str]:
+    """The test set translated by ``engine`` itself with ``point``'s settings (the workspace's max_len_b, batch)."""
+    decoding = DecodingConfig.of({**point, "max_len_b": 6, "batch_sentences": 8})
+    if engine == "torch":
+        translator = load_translator("models/model.pt", "data/tokenizer/spm.model", decoding, device="cpu")
+    else:
+        positions = load_checkpoint("models/model.pt")["model_config"]["max_positions"]
+        translator = load_ct2_translator("models/ctranslate2", "data/tokenizer/spm.model", decoding, positions)
+    return translator.translate(lines("data/corpus/test_2016_flickr.en"))
+
+
+def test_the_test_sets_are_decoded_by_the_chosen_engine(decoding_workspace, capsys):
+    chosen = tune_chose("ctranslate2")
+    evaluate(decoding_workspace())
+    metrics, detail = json.loads(Path("reports/metrics.json").read_text()), json.loads(
+        Path("reports/evaluate/scores.json").read_text())
+    assert metrics["decoding"] == chosen   # the engine and compute type named where dvc metrics show reads
+    assert {detail["decoding"][f"{k}_from"] for k in chosen} == {"tune"}
+    assert lines("reports/translations/test_2016_flickr.de") == decoded_by("ctranslate2", chosen)
+    assert "decoding: beam 2 (tune), alpha 1 (tune), stopping fairseq (tune), engine ctranslate2 int8 (tune)" in (
+        capsys.readouterr().out)
+    # our model's attention over CTranslate2's translation of the first test sentence
+    assert len(list(Path("reports/attention").glob("sentence1_*.png"))) == 6
+
+
+def test_another_engine_set_in_params_takes_its_own_tuned_settings(decoding_workspace):
+    tune_chose("ctranslate2")
+    evaluate(decoding_workspace(evaluate={"engine": "torch", "attention_sentences": 0}))
+    metrics = json.loads(Path("reports/metrics.json").read_text())
+    assert metrics["decoding"] == CHOICES["torch"]   # torch's own alpha (GNMT's penalty), no compute type
+    assert lines("reports/translations/test_2016_flickr.de") == decoded_by("torch", CHOICES["torch"])
+
+
+def test_torch_decodes_where_ctranslate2_cannot_and_the_metrics_say_so(decoding_workspace, capsys):
+    tune_chose("ctranslate2")
+    shutil.rmtree("models/ctranslate2")
+    evaluate(decoding_workspace(evaluate={"attention_sentences": 0}))
+    warned = [line for line in capsys.readouterr().err.splitlines() if "ctranslate2" in line]
+    assert len(warned) == 1 and warned[0].startswith("warning: decoding with torch instead of ctranslate2"), warned
+    detail = json.loads(Path("reports/evaluate/scores.json").read_text())["decoding"]
+    assert (detail["engine"], detail["compute_type"], detail["engine_from"]) == ("torch", None, "fallback")
+    assert lines("reports/translations/test_2016_flickr.de") == decoded_by("torch", CHOICES["ctranslate2"])
+
+
+def test_tunes_validation_translations_are_reused_only_from_the_same_engine(decoding_workspace):
+    chosen = tune_chose("ctranslate2")
+    params = decoding_workspace(evaluate={"attention_sentences": 0})
+    Path("reports/tune/run.json").write_text(json.dumps({
+        "model_sha256": file_sha256(Path("models/model.pt")), "valid_set": "val", "sentences": 24, **chosen,
+        "max_len_b": 6, "batch_sentences": 8, "precision": "fp32"}))
+    tuned = [f"tuned {i}" for i in range(24)]   # not what either engine writes: reused or not, it shows
+    Path("reports/tune/val.de").write_text("".join(f"{line}\n" for line in tuned))
+    assert evaluate(params)["dev"]["val"]["translated_by"] == "tune"
+    assert lines("reports/translations/val.de") == tuned
+    float32 = decoding_workspace(evaluate={"attention_sentences": 0, "compute_type": "float32"})
+    assert evaluate(float32)["dev"]["val"]["translated_by"] == "evaluate"   # another compute type: decoded again
+    assert lines("reports/translations/val.de") != tuned

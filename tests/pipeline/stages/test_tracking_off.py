@@ -11,7 +11,7 @@ import sys
 
 import yaml
 
-STAGES = ("train", "average", "tune", "evaluate")
+STAGES = ("train", "average", "export", "tune", "evaluate")
 BLOCKER = "raise ImportError('mlflow is not installed on this machine (a test blocks it)')\n"
 
 
