@@ -1,12 +1,18 @@
 """The translator as an MLflow pyfunc model: ``predict`` turns source sentences into translations.
 
-Logged with the averaged checkpoint and the SentencePiece model as artifacts and, as code, the
-modules of the ``transformer`` and ``pipeline`` packages that loading it runs (their import closure,
+Logged with the averaged checkpoint (artifact ``model``), the SentencePiece model (``tokenizer``)
+and the export stage's CTranslate2 model of the same weights (``ctranslate2``, a folder:
+``artifacts/ctranslate2/`` in a downloaded version) as artifacts and, as code, the modules of the
+``transformer`` and ``pipeline`` packages that loading it runs (their import closure,
 ``pipeline.tracking.model_code``: one upload each), so ``mlflow.pyfunc.load_model`` (and
 ``mlflow models serve``) needs nothing from this repository. The decoding settings the
-evaluate stage scored with travel in the model's ``model_config`` (and as the defaults of the
-signature's params; both written and read by ``pipeline.serving.registered``); a request may
-override the ones ``pipeline.serving.decoding.REQUEST`` names (beam size, alpha, stopping rule).
+evaluate stage scored with, engine and compute type included, travel in the model's ``model_config``
+(and the request's ones as the defaults of the signature's params; both written and read by
+``pipeline.serving.registered``); a request may override the ones ``pipeline.serving.decoding.REQUEST``
+names (beam size, alpha, stopping rule). The model decodes with its engine
+(``pipeline.serving.engine``): versions registered before the engine was a setting, which have no
+``ctranslate2`` artifact, with torch, as they were scored; its pip requirements name CTranslate2 where
+the engine is ctranslate2.
 
 ``predict`` checks its input before decoding anything, and a bad request is an
 ``MlflowException`` with ``INVALID_PARAMETER_VALUE`` (the scoring server answers 400 with the
@@ -33,6 +39,7 @@ if TYPE_CHECKING:
     from pipeline.serving.decoding import DecodingConfig
 
 PIP_REQUIREMENTS_OF = ("torch", "numpy", "sentencepiece", "pandas", "mlflow")
+CT2_ARTIFACT = "ctranslate2"   # the artifact (and its folder's name in the version) of the CTranslate2 model
 MAX_CHARS = 1000        # characters per sentence: refused before tokenizing (Multi30k's longest is ~300)
 MAX_SENTENCES = 256     # sentences per request: one request must not hold the server for minutes
 
@@ -71,12 +78,13 @@ def sentences_of(model_input: Any) -> list[str]:
 
 
 class TranslatorModel(mlflow.pyfunc.PythonModel):
-    """pyfunc wrapper of ``pipeline.serving.translator.Translator`` (beam search, §6.1)."""
+    """pyfunc wrapper of the version's engine's translator (beam search, §6.1): ours
+    (``pipeline.serving.translator.Translator``) or CTranslate2's (``CT2Translator``)."""
 
     def load_context(self, context: Any) -> None:
         from pipeline.serving.decoding import DecodingConfig
+        from pipeline.serving.engine import load_engine_translator
         from pipeline.serving.registered import SettingsNotRecorded, registered_settings
-        from pipeline.serving.translator import load_translator
 
         try:
             decoding = registered_settings(getattr(context, "model_config", None))
@@ -84,7 +92,10 @@ class TranslatorModel(mlflow.pyfunc.PythonModel):
             # Logged before model_config carried the settings: MLflow's scoring server fills each
             # request's params with the signature's defaults; the rest are the paper's (§6.1).
             decoding = DecodingConfig()
-        self.translator = load_translator(context.artifacts["model"], context.artifacts["tokenizer"], decoding)
+        # No ctranslate2 artifact (a version from before the engine was a setting): torch, with a warning
+        # only where its settings asked for ctranslate2.
+        self.translator = load_engine_translator(context.artifacts["model"], context.artifacts["tokenizer"], decoding,
+                                                 ct2_model=context.artifacts.get(CT2_ARTIFACT))
 
     def check(self, sentences: list[str]) -> list[list[int]]:
         """The pieces of each sentence; ``invalid`` for an empty or over-long one, or too many."""
@@ -125,10 +136,13 @@ class TranslatorModel(mlflow.pyfunc.PythonModel):
         return self.translator.tokenizer.decode(self.translator.translate_ids(ids, **settings.per_request()))
 
 
-def _pins() -> list[str]:
+def _pins(engine: str = "torch") -> list[str]:
+    """The pyfunc model's pip requirements: the installed versions (requirements.txt's pins), and
+    CTranslate2 where the version decodes with it."""
     from importlib.metadata import version
 
-    return [f"{name}=={version(name).split('+')[0]}" for name in PIP_REQUIREMENTS_OF]
+    names = (*PIP_REQUIREMENTS_OF, *(("ctranslate2",) if engine == "ctranslate2" else ()))
+    return [f"{name}=={version(name).split('+')[0]}" for name in names]
 
 
 def _run_decoding(run_id: str, chosen: Mapping[str, Any]) -> tuple[DecodingConfig, dict[str, str]]:
@@ -153,17 +167,29 @@ def _run_decoding(run_id: str, chosen: Mapping[str, Any]) -> tuple[DecodingConfi
     return decoding, sources
 
 
+def _named(folder: Path, scratch: Path) -> Path:
+    """``folder``, or a copy of it in ``scratch`` named ``CT2_ARTIFACT``: MLflow keeps an artifact
+    under its source's own name, and a version's folder is ``artifacts/ctranslate2/`` whatever the
+    source was called (a record kept in the unsent queue, a test's folder)."""
+    if folder.name == CT2_ARTIFACT:
+        return folder
+    import shutil
+
+    return Path(shutil.copytree(folder, scratch / CT2_ARTIFACT))
+
+
 def log_translator(run_id: str, model_file: Path, tokenizer_file: Path, registered_name: str,
                    chosen: Mapping[str, Any], *, metrics_file: Path | None = None,
-                   corpus_stats_file: Path | None = None) -> str | None:
+                   corpus_stats_file: Path | None = None, ct2_model: Path | None = None) -> str | None:
     """Log the pyfunc model into ``run_id``, register it with its model card (description and tags,
     ``pipeline.tracking.model_card.register_version``); returns the new registry version.
 
     ``chosen``: the tuned settings the evaluate stage decoded with (``Decoding.as_dict()``: beam
-    size, alpha, stopping rule and, optionally, where each came from); the other settings are the
-    run's ``evaluate.*`` params. ``metrics_file`` (default ``reports/evaluate/scores.json``) holds the test
-    scores and signatures, ``corpus_stats_file`` (default ``data/corpus/stats.json``) the data
-    cleaning counts.
+    size, alpha, stopping rule, engine, compute type and, optionally, where each came from); the other
+    settings are the run's ``evaluate.*`` params. ``metrics_file`` (default ``reports/evaluate/scores.json``)
+    holds the test scores and signatures, ``corpus_stats_file`` (default ``data/corpus/stats.json``) the
+    data cleaning counts, ``ct2_model`` the export stage's folder (the ``ctranslate2`` artifact, logged
+    whatever the engine, so that the version can be served with either; none: the version has none).
     """
     from mlflow.models import infer_signature
 
@@ -178,12 +204,16 @@ def log_translator(run_id: str, model_file: Path, tokenizer_file: Path, register
     decoding = {**model_config["decoding"], **{f"{k}_from": v for k, v in sources.items()}}
     example = pd.DataFrame({"text": ["A man is walking."]})
     signature = infer_signature(example, ["Ein Mann geht."], params=defaults)
-    with tempfile.TemporaryDirectory(prefix="model-code-") as code, mlflow.start_run(run_id=run_id):
+    artifacts = {"model": str(model_file), "tokenizer": str(tokenizer_file)}
+    with tempfile.TemporaryDirectory(prefix="model-code-") as code, \
+            tempfile.TemporaryDirectory(prefix="model-export-") as scratch, mlflow.start_run(run_id=run_id):
+        if ct2_model is not None and Path(ct2_model).is_dir():
+            artifacts[CT2_ARTIFACT] = str(_named(Path(ct2_model), Path(scratch)))
         info = mlflow.pyfunc.log_model(
             name="translator", python_model=TranslatorModel(),
-            artifacts={"model": str(model_file), "tokenizer": str(tokenizer_file)},
+            artifacts=artifacts,
             code_paths=model_code.stage(TranslatorModel.__module__, TranslatorModel.__name__, Path(code)),
-            pip_requirements=_pins(), signature=signature, input_example=example,
+            pip_requirements=_pins(settings.engine), signature=signature, input_example=example,
             model_config=model_config,
         )
 

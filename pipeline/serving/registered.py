@@ -9,7 +9,8 @@ Both servers therefore decode a request alike.
 Read by ``registered_settings`` (the server, the promotion gate, the pyfunc model): the
 ``model_config``'s settings; the signature's defaults only for versions logged before the
 ``model_config`` carried them; a setting a version records nothing of is the value it was decoded
-and scored with before the setting existed (``Rule.legacy``: the exact stopping rule).
+and scored with before the setting existed (``Rule.legacy``: the exact stopping rule, the torch
+engine: such a version has no ``ctranslate2`` artifact).
 """
 
 from __future__ import annotations

@@ -218,9 +218,9 @@ def evaluate(params: Sections) -> dict[str, Any]:
 def track(params: Sections, metrics: dict[str, Any], decoding: Decoding, seconds: float, model_sha256: str,
           decode_seconds: dict[str, float] | None = None) -> None:
     """Log scores (``metrics``: ``reports/evaluate/scores.json``), the decoding settings (tags),
-    attention maps, translations and the registered pyfunc model (whose signature carries the beam
-    size and alpha used) into the run that the tune stage logged into (the model's, or its child),
-    else the model's own run."""
+    attention maps, translations and the registered pyfunc model (whose settings carry the beam
+    size, alpha, stopping rule, engine and compute type used; with the CTranslate2 export) into the
+    run that the tune stage logged into (the model's, or its child), else the model's own run."""
     from pipeline.tracking import deferred
     from pipeline.tracking.records import evaluate as record
 
@@ -244,7 +244,8 @@ def track(params: Sections, metrics: dict[str, Any], decoding: Decoding, seconds
              "params.yaml": Path("params.yaml"), "dvc.lock": Path("dvc.lock"), "metrics.json": paths.METRICS,
              "scores.json": EVALUATE_SCORES,
              record.MODEL: paths.AVERAGED_MODEL, record.TOKENIZER: paths.TOKENIZER_MODEL,
-             record.CORPUS_STATS: paths.CORPUS_DIR / "stats.json"}
+             record.CORPUS_STATS: paths.CORPUS_DIR / "stats.json",
+             record.CT2_MODEL: paths.CT2_MODEL}   # the export, carried by the version (its engine, or a later one)
     deferred.submit(record, {"experiment": params.tracking.experiment, "section": section,
                                  "model_sha256": model_sha256,
                                  "tuned": tune_record().get("model_sha256") == model_sha256,

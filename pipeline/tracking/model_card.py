@@ -59,6 +59,16 @@ def scores_of_test_sets(metrics: Mapping[str, Any]) -> dict[str, dict[str, Any]]
     return {k: v for k, v in tests.items() if isinstance(v, Mapping) and "bleu" in v and "signature" in v}
 
 
+def _engine(decoding: Mapping[str, Any], origin: str) -> str:
+    """Who decodes, in words: ``CTranslate2 (int8; <origin>)`` or ``our PyTorch search (fp32; <origin>)``;
+    versions registered before the engine was a setting decoded with ours."""
+    if "engine" not in decoding:
+        origin = "registered before the engine was a setting"
+    if decoding.get("engine") == "ctranslate2":
+        return f"CTranslate2 ({decoding.get('compute_type')}; {origin})"
+    return f"our PyTorch search ({decoding.get('precision', 'fp32')}; {origin})"
+
+
 def model_card(name: str, version: str, run: Any, *, metrics: Mapping[str, Any], decoding: Mapping[str, Any],
                model_config: Mapping[str, Any], corpus_stats: Mapping[str, Any] | None = None,
                updates: int | None = None) -> tuple[str, dict[str, str]]:
@@ -68,7 +78,8 @@ def model_card(name: str, version: str, run: Any, *, metrics: Mapping[str, Any],
         run: the MLflow run (params, tags and metrics of train, average and evaluate).
         metrics: the evaluate stage's ``reports/evaluate/scores.json`` (``test`` and ``dev`` scores,
             signatures).
-        decoding: beam_size, alpha, max_len_b, precision (and ``*_from``: where each came from).
+        decoding: beam_size, alpha, max_len_b, precision, engine, compute_type (and ``*_from``: where
+            each came from).
         model_config: the checkpoint's ``model_config``.
         corpus_stats: ``data/corpus/stats.json`` of the download stage (cleaning counts, sources).
         updates: training updates, when the run lacks ``train/updates`` (runs before it was logged).
@@ -91,7 +102,8 @@ def model_card(name: str, version: str, run: Any, *, metrics: Mapping[str, Any],
     def origin(key: str) -> str:
         where = decoding.get(f"{key}_from") or t.get(f"decoding.{key}_from")
         return {"tune": "tuned on the validation set (reports/tune.json)",
-                "params": f"params.yaml evaluate.{key}"}.get(where, where or f"evaluate.{key}")
+                "params": f"params.yaml evaluate.{key}",
+                "fallback": "CTranslate2 could not load where evaluate ran"}.get(where, where or f"evaluate.{key}")
 
     lines = [
         f"# {name} version {version}", "",
@@ -121,7 +133,7 @@ def model_card(name: str, version: str, run: Any, *, metrics: Mapping[str, Any],
         f"Beam size {decoding.get('beam_size')} ({origin('beam_size')}), length penalty alpha "
         f"{decoding.get('alpha')} ({origin('alpha')}), stopping rule {decoding.get('stopping', 'exact')} "
         f"({origin('stopping')}), output up to source length + {decoding.get('max_len_b')} "
-        f"pieces, {decoding.get('precision', 'fp32')}. The served model uses these unless a request's "
+        f"pieces, {_engine(decoding, origin('engine'))}. The served model uses these unless a request's "
         "`params` set `beam_size` / `alpha` / `stopping`.",
         "", "## Training data", "",
     ]

@@ -19,12 +19,13 @@ from pipeline.tracking.store import client
 FOLDERS = ("attention", "translations")
 RUN_FILES = ("params.yaml", "dvc.lock", "metrics.json", "scores.json")   # scores.json: reports/evaluate/'s detail
 MODEL, TOKENIZER, CORPUS_STATS = "model.pt", "spm.model", "stats.json"
+CT2_MODEL = "ctranslate2"   # the export stage's folder, logged as the version's artifact of that name
 
 
 def send(data: Mapping[str, Any], files: Mapping[str, Path], progress: MutableMapping[str, Any]) -> None:
     """``data``: experiment, section (``evaluate.*`` params), model_sha256, tuned (tune decoded this
     model), decoding (``Decoding.as_dict()``), values (the metrics to log), registered_model,
-    timestamp (ms). ``files``: FOLDERS, RUN_FILES, MODEL, TOKENIZER and CORPUS_STATS by name."""
+    timestamp (ms). ``files``: FOLDERS, RUN_FILES, MODEL, TOKENIZER, CORPUS_STATS and CT2_MODEL by name."""
     from pipeline.serving.mlflow_model import log_translator
 
     c = client()
@@ -50,7 +51,8 @@ def send(data: Mapping[str, Any], files: Mapping[str, Path], progress: MutableMa
     if not progress.get("version"):
         version = log_translator(run_id, Path(files[MODEL]), Path(files[TOKENIZER]), data["registered_model"],
                                  data["decoding"], metrics_file=files.get("scores.json"),
-                                 corpus_stats_file=files.get(CORPUS_STATS))
+                                 corpus_stats_file=files.get(CORPUS_STATS),
+                                 ct2_model=Path(files[CT2_MODEL]) if CT2_MODEL in files else None)
         if not version:
             raise RuntimeError(f"the model logged into run {run_id} was not registered as {data['registered_model']!r}")
         progress["version"] = version

@@ -2,7 +2,10 @@
 model config, the source of truth, and the signature's param defaults, which agree) and read by one
 function, the same for the server, the promotion gate and the pyfunc model; versions registered
 before the model config carried them are read from their signature, and before the stopping rule
-existed, with the exact rule. Real MLflow: a tiny model registered in a temporary SQLite store."""
+existed, with the exact rule. A version registered with the CTranslate2 engine carries the export
+(``artifacts/ctranslate2/``) and decodes with it through the pyfunc model and the gate; one registered
+before the engine was a setting decodes with torch. Real MLflow: a tiny model registered in a
+temporary SQLite store."""
 
 from __future__ import annotations
 
@@ -18,16 +21,23 @@ from mlflow.tracking import MlflowClient
 from mlflow.types.schema import ParamSchema, ParamSpec
 
 from pipeline.flows import gate
+from pipeline.serving.ct2_translator import CT2Translator, load_ct2_translator
 from pipeline.serving.decoding import RULES, DecodingConfig
-from pipeline.serving.mlflow_model import TranslatorModel
+from pipeline.serving.export import export_ctranslate2
+from pipeline.serving.mlflow_model import TranslatorModel, log_translator
 from pipeline.serving.registered import SettingsNotRecorded, mlmodel_settings, registered_settings, to_register
 from pipeline.serving.server.model_source import load_version
-from pipeline.serving.translator import load_translator
+from pipeline.serving.translator import Translator, load_translator
+from transformer.checkpoint import load_model
 
+from ..conftest import REPO
 from .test_mlflow_server import NAME, SOURCES, registered_in_temp_store
 
 # What the evaluate stage registered (beam 2 and alpha 0.6 chosen, max_len_b 12 from the run's params).
 REGISTERED = DecodingConfig(beam_size=2, alpha=0.6, max_len_b=12, stopping="exact")
+# Version 4: tune chose CTranslate2 at int8 (its own alpha and stopping rule).
+WITH_CT2 = DecodingConfig(beam_size=2, alpha=1.0, max_len_b=12, stopping="fairseq", engine="ctranslate2",
+                          compute_type="int8")
 
 
 def signature_dict(**defaults) -> dict:
@@ -85,13 +95,16 @@ class Store:
     run_id: str
     model_file: Path
     tokenizer_file: Path
+    ct2_model: Path
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> Store:
-    """Versions 1 and 2 as the evaluate stage registers them; version 3 as versions were registered
-    before the model config carried the settings and before the stopping rule: beam 3 and alpha 1.0
-    as its signature's params, nothing else."""
+    """Versions 1 and 2 as the evaluate stage registers them (torch); version 3 as versions were
+    registered before the model config carried the settings and before the stopping rule and the
+    engine: beam 3 and alpha 1.0 as its signature's params, nothing else, no export; version 4 as the
+    evaluate stage registers a model whose tune stage chose CTranslate2 (``WITH_CT2``), with the
+    export (from a folder of another name: the version's is ``ctranslate2`` whatever its source's)."""
     root, uri, run_id, model_file, tokenizer_file = registered_in_temp_store(tmp_path_factory, "registered")
     signature = infer_signature(pd.DataFrame({"text": ["A man."]}), ["Ein Mann."], params={"beam_size": 3,
                                                                                           "alpha": 1.0})
@@ -104,10 +117,16 @@ def store(tmp_path_factory) -> Store:
                 info = mlflow.pyfunc.log_model(name="old-translator", python_model=TranslatorModel(),
                                                artifacts={"model": str(model_file), "tokenizer": str(tokenizer_file)},
                                                signature=signature, registered_model_name=NAME)
+            ct2_model = export_ctranslate2(load_model(model_file), tokenizer_file, root / "export-of-model")
+            version = log_translator(run_id, model_file, tokenizer_file, NAME,
+                                     {k: getattr(WITH_CT2, k) for k in ("beam_size", "alpha", "stopping", "engine",
+                                                                        "compute_type")},
+                                     metrics_file=root / "scores.json", corpus_stats_file=root / "missing-stats.json",
+                                     ct2_model=ct2_model)
         finally:
             mlflow.set_tracking_uri(None)
-    assert str(info.registered_model_version) == "3"
-    return Store(root, uri, MlflowClient(uri, uri), run_id, model_file, tokenizer_file)
+    assert str(info.registered_model_version) == "3" and version == "4"
+    return Store(root, uri, MlflowClient(uri, uri), run_id, model_file, tokenizer_file, Path(ct2_model))
 
 
 def test_a_registered_version_records_one_set_of_settings(store, tmp_path):
@@ -141,3 +160,39 @@ def test_server_gate_and_pyfunc_read_the_same_settings(store, tmp_path):
     assert pyfunc.decoding({"beam_size": 1}) == REGISTERED.replace(beam_size=1)
     assert pyfunc.predict(None, SOURCES) == load_translator(store.model_file, store.tokenizer_file, REGISTERED,
                                                             device="cpu").translate(SOURCES)
+
+
+def requirements(files: dict) -> list[str]:
+    return (files["MLmodel"].parent / "requirements.txt").read_text().split()
+
+
+def test_a_version_registered_with_ctranslate2_decodes_with_its_export(store, tmp_path):
+    files = gate.version_files(store.client, NAME, "4", tmp_path, store.uri)
+    exported = files["MLmodel"].parent / "artifacts" / "ctranslate2"
+    assert files["ctranslate2"] == exported and (exported / "model.bin").is_file()
+    assert files["model"].name == "model.pt" and files["tokenizer"].name == "spm.model"   # beside it, as before
+    assert mlmodel_settings(files["MLmodel"]) == WITH_CT2
+    pins = (REPO / "requirements.txt").read_text().splitlines()
+    assert next(line for line in pins if line.startswith("ctranslate2==")) in requirements(files)
+    positions = load_model(store.model_file).config.max_positions
+    expected = load_ct2_translator(store.ct2_model, store.tokenizer_file, WITH_CT2, positions).translate(SOURCES)
+    model = mlflow.pyfunc.load_model(str(files["MLmodel"].parent))                     # the pyfunc model
+    translator = model.unwrap_python_model().translator
+    assert isinstance(translator, CT2Translator) and translator.decoding == WITH_CT2
+    assert model.predict(pd.DataFrame({"text": SOURCES})) == expected
+    assert model.predict(pd.DataFrame({"text": SOURCES}), params={"beam_size": 1}) == load_ct2_translator(
+        store.ct2_model, store.tokenizer_file, WITH_CT2.replace(beam_size=1), positions).translate(SOURCES)
+    got, used = gate.translate_with_version(store.client, NAME, "4", {"val": SOURCES}, None, None,   # the gate
+                                            max_len_b=12, batch_sentences=64, tracking_uri=store.uri)
+    assert got["val"] == expected and (used["engine"], used["compute_type"]) == ("ctranslate2", "int8")
+
+
+def test_a_version_registered_before_the_engine_decodes_with_torch(store, tmp_path):
+    old = DecodingConfig(beam_size=3, alpha=1.0, stopping="exact")
+    for version in ("1", "3"):   # 1: engine torch, no export given; 3: neither the settings nor the engine
+        files = gate.version_files(store.client, NAME, version, tmp_path / version, store.uri)
+        assert "ctranslate2" not in files and not any("ctranslate2" in r for r in requirements(files))
+    model = mlflow.pyfunc.load_model(str(files["MLmodel"].parent))
+    assert isinstance(model.unwrap_python_model().translator, Translator)
+    assert model.predict(pd.DataFrame({"text": SOURCES})) == load_translator(
+        store.model_file, store.tokenizer_file, old, device="cpu").translate(SOURCES)

@@ -41,3 +41,14 @@ def test_no_column_where_the_data_set_has_no_literature_measure():
     assert ("| test set | BLEU | chrF | sentences |\n|---|---:|---:|---:|\n"
             "| newstest2014 | 27.10 | 57.00 | 3003 |") in card
     assert "lc.tok" not in card and not any(k.startswith("bleu_lc_tok") for k in tags)
+
+
+def test_the_card_names_the_engine_and_its_compute_type():
+    metrics = {"test": {"test_2016_flickr": {"bleu": 38.03, "chrf": 62.5, "sentences": 1000, "signature": SIGNATURE}}}
+    ct2 = {**DECODING, "engine": "ctranslate2", "compute_type": "int8", "engine_from": "tune"}
+    card, tags = model_card("transformer-en-de", "4", fake_run(), metrics=metrics, decoding=ct2, model_config=CONFIG)
+    assert "pieces, CTranslate2 (int8; tuned on the validation set (reports/tune.json))." in card
+    assert (tags["decoding.engine"], tags["decoding.compute_type"]) == ("ctranslate2", "int8")
+    # a version registered before the engine was a setting: our search, at its precision
+    card, _ = model_card("transformer-en-de", "1", fake_run(), metrics=metrics, decoding=DECODING, model_config=CONFIG)
+    assert "pieces, our PyTorch search (bf16; registered before the engine was a setting)." in card
