@@ -1,13 +1,20 @@
 """The HTTP endpoints. ``/invocations`` (MLflow's format; every answer names the version in
 ``X-Model-Version``), ``/ping`` and ``/health`` (MLflow's), ``/health/live``, ``/health/ready``
-(once a version is loaded and has translated a warm-up sentence), ``/version``, ``/metrics``.
+(once a version is loaded and has translated a warm-up sentence; 503 with the reason while the
+inference side cannot answer: a dead inference thread, or no batch finished for ``stall_seconds``
+while requests wait), ``/version``, ``/metrics``.
 
-Backpressure: a body over ``max_body_bytes`` is refused (413) before it is parsed; a full queue
-answers 429 with ``Retry-After``; a request still queued at its deadline answers 503 undecoded.
+Backpressure and bounds: a body over ``max_body_bytes`` is refused (413) before it is parsed; a full
+queue answers 429 with ``Retry-After``; a request still queued at its deadline (``deadline_seconds``)
+is taken out of the queue and answered 503 undecoded; one whose batch has decoded for
+``stall_seconds`` (past its deadline) is answered 504 while the batch goes on. So every request is
+answered within ``deadline_seconds + stall_seconds``, whatever the decoder does.
+
 The registry is polled every ``poll_seconds``: when ``champion`` moves (or, without one, a newer
 version arrives), the new version is loaded and warmed beside the old, then swapped in one step;
-requests already accepted finish on the version they were accepted on. A version that fails to
-load leaves the old one serving and says why in the log and in ``/version``.
+requests already accepted finish on the version they were accepted on, and the old version is
+released once none is left (drained). A version that fails to load leaves the old one serving and
+says why in the log and in ``/version``.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from pipeline.serving.server.batcher import Batcher, DeadlineExceeded, Job, QueueFull
+from pipeline.serving.server.batcher import Batcher, DeadlineExceeded, Job, QueueFull, Unavailable
 from pipeline.serving.server.metrics import ServerMetrics
 from pipeline.serving.server.model_source import ServedModel, load_version, wanted_version
 from pipeline.serving.server.requests import BadRequest, checked
@@ -39,6 +46,9 @@ class ServerSettings:
     deadline_seconds: float = 30.0
     max_body_bytes: int = 1 << 20
     drain_seconds: float = 30.0
+    stall_seconds: float = 60.0
+    threads: tuple[int, int] | None = None   # CTranslate2's (inter_threads, intra_threads)
+    engine: str | None = None                # forced engine (None: each version's own)
 
 
 @dataclass
@@ -50,6 +60,7 @@ class ServerState:
     swap_error: str = ""
     failed_versions: set[str] = field(default_factory=set)
     stop_watching: threading.Event = field(default_factory=threading.Event)
+    helpers: list[threading.Thread] = field(default_factory=list)   # the registry's poll, the drains
 
     def set_current(self, model: ServedModel) -> None:
         self.current = model   # one reference: a request takes the model once, at acceptance
@@ -70,7 +81,8 @@ class ServerState:
         print(f"loading {self.settings.name} version {version} ({why}) beside version {self.current.version}",
               flush=True)
         try:
-            model = load_version(self.settings.tracking_uri, self.settings.name, version, why, run_id)
+            model = load_version(self.settings.tracking_uri, self.settings.name, version, why, run_id,
+                                 threads=self.settings.threads, engine=self.settings.engine)
         except Exception as err:   # noqa: BLE001 - the old version keeps serving
             self.failed_versions.add(version)
             self.swap_error = f"version {version} failed to load: {type(err).__name__}: {str(err)[:300]}"
@@ -78,11 +90,44 @@ class ServerState:
             print(f"error: {self.swap_error}; still serving version {self.current.version}", file=sys.stderr,
                   flush=True)
             return
-        old = self.current.version
+        old = self.current
         self.set_current(model)
         self.swap_error = ""
         self.metrics.swaps.inc()
-        print(f"serving {self.settings.name} version {version} ({why}; run {run_id}), was {old}", flush=True)
+        print(f"serving {self.settings.name} version {version} ({why}; run {run_id}) with {model.label}, was "
+              f"{old.version}", flush=True)
+        self.start_helper(self.drain, f"drain-{old.version}", old)
+
+    def drain(self, old: ServedModel) -> None:
+        """Release ``old`` once no request accepted on it is left (each is answered within its bound,
+        so this ends); its memory is not held until the garbage collector finds it."""
+        s = self.settings
+        bound = time.monotonic() + s.deadline_seconds + s.stall_seconds + 5
+        while old.requests or self.batcher.uses(old):
+            if self.stop_watching.is_set():
+                return   # shutting down: the process frees it
+            if time.monotonic() > bound:
+                print(f"warning: version {old.version} still has {old.requests} requests after its bound; not "
+                      "released (a decode hangs?)", file=sys.stderr, flush=True)
+                return
+            time.sleep(0.05)
+        old.release()
+        print(f"version {old.version} drained and released", flush=True)
+
+    def start_helper(self, target: Any, name: str, *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        self.helpers.append(thread)
+        thread.start()
+
+    def stop_helpers(self, timeout_s: float) -> None:
+        """Stop polling and wait for a load or a release under way: a daemon thread still inside
+        CTranslate2's or torch's C++ when the interpreter exits aborts the process (exit -6)."""
+        self.stop_watching.set()
+        end = time.monotonic() + timeout_s
+        for thread in self.helpers:
+            thread.join(max(0.0, end - time.monotonic()))
+            if thread.is_alive():
+                print(f"warning: {thread.name} still runs at exit", file=sys.stderr, flush=True)
 
     def watch(self) -> None:
         while not self.stop_watching.wait(self.settings.poll_seconds):
@@ -120,10 +165,9 @@ def create_app(state: ServerState) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):   # noqa: ANN202
         state.batcher.start()
-        watcher = threading.Thread(target=state.watch, name="registry-poll", daemon=True)
-        watcher.start()
+        state.start_helper(state.watch, "registry-poll")
         yield
-        state.stop_watching.set()
+        await asyncio.to_thread(state.stop_helpers, state.settings.drain_seconds)
         # uvicorn has stopped accepting and answered what was in flight; what is still queued is decoded.
         await asyncio.to_thread(state.batcher.stop, state.settings.drain_seconds)
 
@@ -134,7 +178,11 @@ def create_app(state: ServerState) -> FastAPI:
     async def invocations(request: Request) -> Response:
         started = time.monotonic()
         model = state.current
-        status, response = await _invocation(request, model)
+        model.requests += 1   # on the event loop only: the drain of a swapped-out version reads it
+        try:
+            status, response = await _invocation(request, model)
+        finally:
+            model.requests -= 1
         metrics.requests.labels(str(status)).inc()
         metrics.latency.labels(str(status)).observe(time.monotonic() - started)
         metrics.queue_depth.set(state.batcher.depth())
@@ -155,26 +203,54 @@ def create_app(state: ServerState) -> FastAPI:
         except BadRequest as err:
             return 400, error(400, err.message, err.error_code, version)
         loop = asyncio.get_running_loop()
-        job = Job(ids, model, decoding, time.monotonic() + state.settings.deadline_seconds, loop.create_future(),
-                  loop)
+        settings = state.settings
+        job = Job(ids, model, decoding, time.monotonic() + settings.deadline_seconds, loop.create_future(), loop)
         try:
             state.batcher.submit(job)
         except QueueFull as err:
             return 429, error(429, f"too many requests queued ({err}); retry shortly", "RESOURCE_EXHAUSTED",
                               version, **{"Retry-After": "1"})
+        except Unavailable as err:
+            return 503, error(503, f"{err}; not decoded", "TEMPORARILY_UNAVAILABLE", version)
         try:
-            texts = await job.future
+            texts = await answer_of(job)
         except DeadlineExceeded as err:
-            return 503, error(503, f"not started within {state.settings.deadline_seconds:g} s ({err}); not "
+            return 503, error(503, f"not started within {settings.deadline_seconds:g} s ({err}); not "
                               "decoded", "TEMPORARILY_UNAVAILABLE", version, **{"Retry-After": "1"})
+        except TimeoutError:
+            return 504, error(504, f"decoding did not finish within {settings.stall_seconds:g} s",
+                              "DEADLINE_EXCEEDED", version)
+        except Unavailable as err:
+            return 503, error(503, str(err), "TEMPORARILY_UNAVAILABLE", version)
         except Exception as err:   # noqa: BLE001
             return 500, error(500, f"{type(err).__name__}: {err}", "INTERNAL_ERROR", version)
         return 200, JSONResponse({"predictions": texts}, headers={"X-Model-Version": version})
+
+    async def answer_of(job: Job) -> list[str]:
+        """The job's translations, within its bound whatever the decoder does: still queued at its
+        deadline, it is withdrawn (``DeadlineExceeded``); started, it may decode for ``stall_seconds``
+        from its start (``TimeoutError`` past that; the batch goes on, its answer is dropped)."""
+        await asyncio.wait([job.future], timeout=max(0.0, job.deadline - time.monotonic()))
+        if not job.future.done():
+            if state.batcher.withdraw(job):
+                raise DeadlineExceeded(f"queued for {time.monotonic() - job.queued_at:.2f} s")
+            # Taken by a batch; started is set when its group begins (a moment later, at most).
+            begun = job.started if job.started is not None else time.monotonic()
+            await asyncio.wait([job.future], timeout=max(0.0, begun + state.settings.stall_seconds
+                                                          - time.monotonic()))
+            if not job.future.done():
+                job.future.cancel()   # the batch's answer, if it ever comes, is dropped
+                raise TimeoutError
+        return job.future.result()
 
     @app.get("/ping")
     @app.get("/health")
     @app.get("/health/ready")
     async def ready() -> Response:
+        problem = state.batcher.problem()
+        if problem:
+            return PlainTextResponse(f"not ready: {problem}\n", status_code=503,
+                                     headers={"X-Model-Version": state.current.version})
         return PlainTextResponse("\n", headers={"X-Model-Version": state.current.version})
 
     @app.get("/health/live")

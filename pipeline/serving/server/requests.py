@@ -37,6 +37,8 @@ def model_input_of(body: Any) -> tuple[Any, dict[str, Any]]:
     if not isinstance(params, dict):
         raise BadRequest("params must be a JSON object, e.g. {\"beam_size\": 4}")
     value = body[keys[0]]
+    if keys[0] == "dataframe_records" and (texts := _one_column_of_text(value)) is not None:
+        return texts, params
     try:
         if keys[0] == "dataframe_records":
             data: Any = pd.DataFrame.from_records(value)
@@ -49,6 +51,18 @@ def model_input_of(body: Any) -> tuple[Any, dict[str, Any]]:
     except (TypeError, ValueError, AttributeError) as err:
         raise BadRequest(f"{keys[0]} is not a table: {err}") from None
     return data, params
+
+
+def _one_column_of_text(records: Any) -> list[str] | None:
+    """The texts of records that all hold one and the same key with a string (``[{"text": ...}]``,
+    MLflow's usual request), without a DataFrame: building one costs ~0.3 ms a request, as much
+    as the rest of the request's handling together. None for anything else (pandas reads it, and
+    its messages stay the pyfunc model's)."""
+    if not isinstance(records, list) or not records or not all(isinstance(r, dict) and len(r) == 1 for r in records):
+        return None
+    (key,) = records[0]
+    texts = [r.get(key) for r in records]
+    return texts if all(isinstance(t, str) for t in texts) else None
 
 
 def checked(translator: Translator, body: Any) -> tuple[list[list[int]], DecodingConfig]:

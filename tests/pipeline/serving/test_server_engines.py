@@ -1,0 +1,172 @@
+"""pipeline/serving/server with each decoding engine: a real server process on a free 127.0.0.1 port,
+real HTTP, a tiny model trained here and registered in a temporary SQLite store.
+
+Versions: 1 and 2 as the evaluate stage registered them before the engine was a setting (no
+CTranslate2 export: served with torch), 3 and 4 registered by the evaluate stage's ``log_translator``
+with engine ctranslate2 int8 and the export (``artifacts/ctranslate2/`` in the version).
+The CTranslate2 version's answers equal an in-process ``CT2Translator`` of the same export and
+settings, one request of several sentences and concurrent one-sentence requests (batched across
+requests, two replicas); the champion moves torch -> ctranslate2 -> ctranslate2 under load with no
+failed request and each swapped-out version drained and released."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import threading
+import time
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from pipeline.serving.ct2_translator import CT2Translator, load_ct2_translator
+from pipeline.serving.decoding import TUNED, DecodingConfig
+from pipeline.serving.export import export_ctranslate2
+from pipeline.serving.mlflow_model import log_translator
+from pipeline.serving.translator import Translator, load_translator
+from pipeline.tracking.store import CHAMPION_ALIAS
+from transformer.checkpoint import load_model
+
+from ..conftest import MIRROR
+from .test_mlflow_server import NAME, SOURCES, _lines, registered_in_temp_store
+from .test_server import start_server
+
+pytestmark = [pytest.mark.service, pytest.mark.training]
+
+CT2 = DecodingConfig(beam_size=2, alpha=0.6, max_len_b=12, stopping="fairseq", engine="ctranslate2",
+                     compute_type="int8")
+SERVER_THREADS = ("--threads", "1", "--inter-threads", "2", "--intra-threads", "1")
+
+
+def register_ct2(root: Path, uri: str, run_id: str, model_file: Path, tokenizer_file: Path,
+                 decoding: DecodingConfig) -> str:
+    """Register the model with its CTranslate2 export as the evaluate stage does when tune chose
+    ctranslate2 (``log_translator``): ``artifacts/ctranslate2/`` beside the checkpoint and the
+    tokenizer, the engine in the settings. Returns the version."""
+    exported = export_ctranslate2(load_model(model_file), tokenizer_file, root / "exported")
+    chosen = {key: getattr(decoding, key) for key in TUNED}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", uri)
+        mp.chdir(root)
+        return log_translator(run_id, model_file, tokenizer_file, NAME, chosen, metrics_file=root / "scores.json",
+                              corpus_stats_file=root / "missing-stats.json", ct2_model=exported)
+
+
+class Store:
+    def __init__(self, root: Path, uri: str, torch_translator: Translator, ct2: CT2Translator) -> None:
+        self.root, self.uri, self.torch, self.ct2 = root, uri, torch_translator, ct2
+        self.client = mlflow.tracking.MlflowClient(uri, uri)
+
+    def champion(self, version: str) -> None:
+        self.client.set_registered_model_alias(NAME, CHAMPION_ALIAS, version)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Store:
+    root, uri, run_id, model_file, tokenizer_file = registered_in_temp_store(tmp_path_factory, "engines")
+    assert [register_ct2(root, uri, run_id, model_file, tokenizer_file, CT2) for _ in range(2)] == ["3", "4"]
+    ours = load_translator(model_file, tokenizer_file, DecodingConfig(beam_size=2, alpha=0.6, max_len_b=12),
+                           device="cpu")
+    theirs = load_ct2_translator(root / "exported", tokenizer_file, CT2, ours.model.config.max_positions,
+                                 threads=(1, 1))
+    return Store(root, uri, ours, theirs)
+
+
+def test_a_ctranslate2_version_answers_as_its_translator_in_process(store):
+    store.champion("3")
+    server = start_server(store.root, store.uri, *SERVER_THREADS, "--poll-seconds", "60")
+    try:
+        version = json.loads(server.get("/version")[1])
+        assert (version["version"], version["engine"], version["compute_type"], version["threads"]) == \
+            ("3", "ctranslate2", "int8", "2 x 1")
+        assert "version 3 (alias champion" in server.log.read_text() and "with ctranslate2 int8 (2 x 1 threads)" in \
+            server.log.read_text()
+        status, body, headers = server.post({"inputs": SOURCES})
+        assert (status, body["predictions"], headers["X-Model-Version"]) == (200, store.ct2.translate(SOURCES), "3")
+        status, body, _ = server.post({"inputs": SOURCES, "params": {"beam_size": 1}})
+        assert body["predictions"] == store.ct2.translate(SOURCES, beam_size=1)
+        status, body, _ = server.post({"inputs": SOURCES, "params": {"stopping": "exact"}})
+        assert status == 400 and "stopping exact is our search's rule" in body["message"], body
+
+        raw = MIRROR / "data/task1/raw/test_2016_flickr.en.gz"
+        sentences = _lines(raw, 48) if raw.is_file() else SOURCES * 16
+        one_by_one = [store.ct2.translate([s])[0] for s in sentences]
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(lambda s: server.post({"inputs": [s]}), sentences))
+        assert [status for status, _, _ in answers] == [200] * len(sentences)
+        differences = [(s, body["predictions"][0], b) for s, (_, body, _), b in zip(sentences, answers, one_by_one)
+                       if body["predictions"][0] != b]
+        assert differences == [], differences   # a batch's padding changes no sentence's tokens
+        metrics = server.metrics()
+        assert metrics["translation_batch_sentences_count"] < metrics["translation_batch_sentences_sum"]   # batched
+    finally:
+        assert server.stop() == 0, server.log.read_text()[-2000:]
+
+
+def test_a_version_without_export_is_served_with_torch(store):
+    store.champion("1")
+    server = start_server(store.root, store.uri, *SERVER_THREADS, "--poll-seconds", "60")
+    try:
+        assert json.loads(server.get("/version")[1])["engine"] == "torch"
+        status, body, _ = server.post({"inputs": SOURCES})
+        assert (status, body["predictions"]) == (200, store.torch.translate(SOURCES))
+        log = server.log.read_text()
+        assert "version 1 (alias champion" in log and "with torch, 1 thread(s)" in log
+        assert "warning: decoding with torch instead" not in log   # no fallback: torch is its engine
+    finally:
+        assert server.stop() == 0, server.log.read_text()[-2000:]
+
+
+def test_live_swaps_torch_to_ctranslate2_to_ctranslate2_under_load_fail_no_request(store):
+    store.champion("1")
+    server = start_server(store.root, store.uri, *SERVER_THREADS, "--poll-seconds", "0.3")
+    stop, results, lock = threading.Event(), [], threading.Lock()
+
+    def client(i: int) -> None:
+        while not stop.is_set():
+            status, body, headers = server.post({"inputs": [SOURCES[i % len(SOURCES)]]})
+            with lock:
+                results.append((status, headers.get("X-Model-Version"), i % len(SOURCES), body.get("predictions")))
+
+    def serving(version: str) -> None:
+        deadline = time.monotonic() + 60
+        while json.loads(server.get("/version")[1])["version"] != version:
+            assert time.monotonic() < deadline, server.log.read_text()[-2000:]
+            time.sleep(0.1)
+        time.sleep(1.0)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(1.0)
+        for version in ("3", "4"):
+            store.champion(version)
+            serving(version)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        store.champion("1")
+    try:
+        statuses = [status for status, _, _, _ in results]
+        versions = [version for _, version, _, _ in results]
+        assert statuses.count(200) == len(results) and len(results) > 30, statuses
+        assert versions[0] == "1" and versions[-1] == "4" and set(versions) == {"1", "3", "4"}
+        # Each version answers as its engine does (the CTranslate2 versions share the export).
+        expected = {"1": store.torch.translate(SOURCES), "3": store.ct2.translate(SOURCES)}
+        expected["4"] = expected["3"]
+        assert all(body == [expected[version][i]] for _, version, i, body in results)
+        assert server.metrics()["translation_model_swaps_total"] == 2
+        deadline = time.monotonic() + 30
+        while "version 3 drained and released" not in server.log.read_text():
+            assert time.monotonic() < deadline, server.log.read_text()[-2000:]
+            time.sleep(0.2)
+        log = server.log.read_text()
+        assert "version 1 drained and released" in log and "version 4 (alias champion" in log
+        assert "with ctranslate2 int8 (2 x 1 threads), was 3" in log
+    finally:
+        assert server.stop() == 0, server.log.read_text()[-2000:]
+
+
