@@ -1,22 +1,38 @@
-"""Load on the served translator over real HTTP: our server (``make serve-model``) against
-MLflow's scoring server (``mlflow models serve``) of the same registered version, in one run.
+"""Load on the served translator over real HTTP: our server (``make serve-model``) with each decoding
+engine against MLflow's scoring server (``mlflow models serve``) of the same registered version, in
+one run.
 
-Starts both servers itself on free 127.0.0.1 ports (the version ``make serve-model`` would serve:
-champion, else latest, from ``MLFLOW_TRACKING_URI`` or ``mlflow.db``), then, for each level of
-``--levels`` (default 1, 4 and 16 closed-loop clients, each sending its next request when the last
-is answered), ``--requests-per-client`` one-sentence requests from the test set. Prints p50, p95,
-p99 latency, sentences/s and errors per level and server, then the references of the same run:
-the same version in this process, one sentence at a time (p50), and offline in batches of 16
-(sentences/s). ``ratio=`` last: our sentences/s at the highest level over MLflow's.
+Starts each server itself on a free 127.0.0.1 port (the version ``make serve-model`` would serve:
+champion, else latest, from ``MLFLOW_TRACKING_URI`` or ``mlflow.db``): ours with the version's
+engine, ours with the other one forced (``--engine``; CTranslate2 only where the version carries
+its export), then MLflow's, which decodes with the version's engine through the pyfunc model. For
+each level of ``--levels`` (default 1, 4 and 16 closed-loop clients, each sending its next request
+when the last is answered), ``--requests-per-client`` one-sentence requests from the test set.
+Prints p50, p95, p99 latency, sentences/s and errors per level and server; then a live swap under
+load (``--swap-clients`` clients, our server on the version's engine, its registry a temporary copy
+holding the version twice: the champion moved from one to the other, every answer must be a 200);
+then the references of the same run, in this process with the server's threads: each engine's
+translator one sentence at a time (p50), raw CTranslate2 (``translate_batch`` of the same engine on
+the sentence's pieces, the options our wrapper passes) one sentence at a time, and each engine
+offline in batches of 16 (sentences/s; CTranslate2 spreading them over its ``inter_threads``).
+
+Then the serving issue's goals as ratios of this run, for our server on CTranslate2: one client's
+p50 over raw CTranslate2's one-sentence p50 (at most 1.25), the top level's sentences/s over the
+engine's offline rate (at least 0.9) and over our server on torch (at least 2), 4 clients' p95 over
+one client's p50 (at most 3); and ``ratio=`` last: our server on the version's engine at the top
+level over MLflow's (sentences/s; at least 5).
 
     .venv/bin/python bench/serve_load.py                       # the CPU is named in the first line
-    .venv/bin/python bench/serve_load.py --levels 1,4 --requests-per-client 20 --no-mlflow
+    .venv/bin/python bench/serve_load.py --levels 1,4 --requests-per-client 20 --no-mlflow --no-swap
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
+import http.client
+import itertools
 import json
 import math
 import os
@@ -24,13 +40,16 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 SENTENCES = [
     "A man is riding a bike.", "Two dogs play in the snow.", "A little girl climbs into a wooden playhouse.",
@@ -79,48 +98,91 @@ def post(url: str, payload: dict, timeout: float = 60.0) -> tuple[int, dict]:
             return err.code, {"message": body.decode(errors="replace")}
 
 
+class Connection:
+    """One client's keep-alive HTTP connection, as a real client keeps one (a new TCP connection a
+    request would add its handshake to every latency), reopened after an error (a level's clients
+    send without pause, within the servers' keep-alive). ``post`` answers as the function does."""
+
+    def __init__(self, url: str, timeout: float = 60.0) -> None:
+        parts = urllib.parse.urlsplit(url)
+        self.host, self.port, self.path, self.timeout = parts.hostname, parts.port, parts.path, timeout
+        self.connection: http.client.HTTPConnection | None = None
+        self.headers: Any = {}   # the last answer's
+
+    def post(self, payload: dict) -> tuple[int, dict]:
+        if self.connection is None:
+            self.connection = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        try:
+            self.connection.request("POST", self.path, json.dumps(payload).encode(),
+                                    {"Content-Type": "application/json"})
+            response = self.connection.getresponse()
+            data, self.headers = response.read(), response.headers
+        except (OSError, http.client.HTTPException):
+            self.close()
+            raise
+        try:
+            return response.status, json.loads(data or b"{}")
+        except ValueError:
+            return response.status, {"message": data.decode(errors="replace")}
+
+    def close(self) -> None:
+        if self.connection is not None:
+            self.connection.close()
+            self.connection = None
+
+
 def run_load(url: str, sentences: list[str], requests: int, concurrency: int, batch: int = 1,
-             time_limit_s: float = 120.0, timeout_s: float = 60.0) -> LoadResult:
+             time_limit_s: float = 120.0, timeout_s: float = 60.0, until: threading.Event | None = None,
+             answered: list[tuple[float, str]] | None = None) -> LoadResult:
     """``requests`` requests of ``batch`` sentences (cycling through ``sentences``) from
-    ``concurrency`` threads; each answer must be 200 with one translation per sentence."""
-    result, lock = LoadResult(), threading.Lock()
+    ``concurrency`` closed-loop clients (or until ``until`` is set); each answer must be 200 with
+    one translation per sentence. ``answered`` gets (time, X-Model-Version) of each answer."""
+    result, lock, counter = LoadResult(), threading.Lock(), itertools.count()
     start = time.monotonic()
     deadline = start + time_limit_s
 
-    def one(i: int) -> None:
-        if time.monotonic() > deadline:
+    def client() -> None:
+        connection = Connection(url, timeout_s)
+        while (i := next(counter)) < requests and not (until and until.is_set()):
+            if time.monotonic() > deadline:
+                with lock:
+                    result.unsent += 1
+                continue
+            texts = [sentences[(i * batch + j) % len(sentences)] for j in range(batch)]
+            sent = time.monotonic()
+            try:
+                status, body = connection.post({"dataframe_records": [{"text": t} for t in texts]})
+                ok = status == 200 and len(body.get("predictions", [])) == len(texts)
+                problem = "" if ok else f"HTTP {status}: {str(body)[:200]}"
+            except (OSError, ValueError, http.client.HTTPException) as err:   # refused, reset, timeout, bad JSON
+                problem = f"{type(err).__name__}: {err}"
+            elapsed = time.monotonic() - sent
             with lock:
-                result.unsent += 1
-            return
-        texts = [sentences[(i * batch + j) % len(sentences)] for j in range(batch)]
-        sent = time.monotonic()
-        try:
-            status, body = post(url, {"dataframe_records": [{"text": t} for t in texts]}, timeout_s)
-            ok = status == 200 and len(body.get("predictions", [])) == len(texts)
-            problem = "" if ok else f"HTTP {status}: {str(body)[:200]}"
-        except (OSError, ValueError) as err:   # connection refused/reset, timeout, bad JSON
-            problem = f"{type(err).__name__}: {err}"
-        elapsed = time.monotonic() - sent
-        with lock:
-            if problem:
-                result.errors.append(problem)
-            else:
+                if problem:
+                    result.errors.append(problem)
+                    continue
                 result.latencies_s.append(elapsed)
                 result.sentences += len(texts)
+                if answered is not None:
+                    answered.append((time.monotonic(), connection.headers.get("X-Model-Version")))
+        connection.close()
 
-    with ThreadPoolExecutor(concurrency) as pool:
-        list(pool.map(one, range(requests)))
+    clients = [threading.Thread(target=client) for _ in range(concurrency)]
+    for c in clients:
+        c.start()
+    for c in clients:
+        c.join()
     result.wall_s = time.monotonic() - start
     return result
 
 
 def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []:
-        if line.startswith("model name"):
-            flags = Path("/proc/cpuinfo").read_text()
-            extra = " with AVX512-BF16" if "avx512_bf16" in flags else (" with AMX" if "amx_bf16" in flags else "")
-            return f"{line.split(':', 1)[1].strip()}{extra}"
-    return "unknown CPU"
+    """The CPU's model name and whether it has bf16 units (AVX512-BF16, AMX): the figures depend on both."""
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")),
+                "unknown CPU")
+    units = [label for flag, label in (("avx512_bf16", "AVX512-BF16"), ("amx_bf16", "AMX")) if flag in text]
+    return f"{name}{' with ' + ' and '.join(units) if units else ''}"
 
 
 def free_port() -> int:
@@ -130,12 +192,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(module: str, name: str, version: str, threads: int) -> tuple[subprocess.Popen, str]:
-    """``python -m <module>`` serving ``name`` (the server picks champion/latest; MLflow's gets --version)."""
+def start(module: str, name: str, options: list[str], threads: int, **env: str) -> tuple[subprocess.Popen, str]:
+    """``python -m <module> --name <name> <options>`` on a free port; (the process, its /invocations)."""
     port = free_port()
-    extra = ["--threads", str(threads)] if module.endswith(".server") else ["--version", version]
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
-    process = subprocess.Popen([sys.executable, "-m", module, "--name", name, "--port", str(port), *extra],
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false", **env}
+    process = subprocess.Popen([sys.executable, "-m", module, "--name", name, "--port", str(port), *options],
                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
@@ -159,27 +220,170 @@ def stop(process: subprocess.Popen) -> None:
             os.killpg(process.pid, signal.SIGKILL)
 
 
-def references(name: str, version: str, why: str, run_id: str, sentences: list[str],
-               threads: int) -> tuple[float, float]:
-    """(p50 seconds of one sentence in-process, offline sentences/s in batches of 16) of the same version."""
-    import torch
+@dataclass
+class Version:
+    """The served version: its name, number, why it is served, run, download URI, settings, export."""
 
-    from pipeline.serving.server.model_source import load_version
+    name: str
+    version: str
+    why: str
+    run_id: str
+    source: str
+    decoding: Any          # its registered DecodingConfig
+    exported: bool         # carries artifacts/ctranslate2
+
+
+def served_version(name: str) -> Version:
+    import mlflow
+
+    from pipeline.serving.registered import mlmodel_settings
+    from pipeline.serving.server.model_source import CT2_ARTIFACT, wanted_version
     from pipeline.tracking import store
 
-    torch.set_num_threads(threads)
-    translator = load_version(store.tracking_uri(), name, version, why, run_id).translator
-    single = []
-    with torch.inference_mode():
-        for sentence in sentences[:60]:
-            started = time.monotonic()
-            translator.translate([sentence])
-            single.append(time.monotonic() - started)
-        started = time.monotonic()
-        for i in range(0, len(sentences), 16):
-            translator.translate(sentences[i:i + 16])
-        offline = len(sentences) / (time.monotonic() - started)
-    return statistics.median(single), offline
+    version, why, run_id = wanted_version(store.client(), name)
+    uri = store.tracking_uri()
+    source = store.client().get_model_version_download_uri(name, version).rstrip("/")
+    with tempfile.TemporaryDirectory() as tmp:
+        mlmodel = mlflow.artifacts.download_artifacts(artifact_uri=f"{source}/MLmodel", dst_path=tmp,
+                                                      tracking_uri=uri)
+        decoding = mlmodel_settings(mlmodel)
+    listed = mlflow.artifacts.list_artifacts(artifact_uri=f"{source}/artifacts", tracking_uri=uri)
+    exported = any(Path(a.path).name == CT2_ARTIFACT and a.is_dir for a in listed)
+    return Version(name, version, why, run_id, source, decoding, exported)
+
+
+def p50(decode: Callable[[Any], Any], items: list[Any]) -> float:
+    """Median seconds of ``decode`` over ``items`` (after three to warm up)."""
+    for item in items[:3]:
+        decode(item)
+    times = []
+    for item in items:
+        started = time.perf_counter()
+        decode(item)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+class Reference:
+    """The same version in this process, on ``engine``, with the server's threads: one sentence at
+    a time through our translator, raw CTranslate2 on one sentence's pieces, offline in batches."""
+
+    def __init__(self, v: Version, engine: str, threads: int, ct2_threads: tuple[int, int]) -> None:
+        import torch
+
+        from pipeline.serving.server.model_source import load_version
+        from pipeline.tracking import store
+
+        torch.set_num_threads(threads)
+        self.translator = load_version(store.tracking_uri(), v.name, v.version, v.why, v.run_id,
+                                       threads=ct2_threads, engine=engine).translator
+
+    @property
+    def ct2(self) -> bool:
+        from pipeline.serving.ct2_translator import CT2Translator
+
+        return isinstance(self.translator, CT2Translator)
+
+    def one(self, sentences: list[str]) -> float:
+        """p50 seconds of one sentence through our translator (tokenizing included)."""
+        return p50(lambda s: self.translator.translate([s]), sentences)
+
+    def raw(self, ids: list[int]) -> Any:
+        """``translate_batch`` of the engine on one sentence's pieces, with the options our wrapper passes."""
+        t = self.translator
+        return t.engine.translate_batch([[t.vocabulary[i] for i in ids]], beam_size=t.decoding.beam_size,
+                                        length_penalty=t.decoding.alpha, max_decoding_length=t.limits([ids])[0],
+                                        min_decoding_length=0, max_input_length=0, suppress_sequences=t.suppressed)
+
+    def paired(self, url: str, sentences: list[str], block: int = 10) -> tuple[float, float]:
+        """(p50 seconds of one-sentence requests to ``url`` from one client, p50 of raw CTranslate2
+        on the same sentences), in alternating blocks of ``block`` sentences: both under the same
+        load of a shared machine, neither right after the other's weights on every sentence."""
+        served, raw, connection = [], [], Connection(url)
+        for start in range(0, len(sentences), block):
+            chunk = sentences[start:start + block]
+            ids = self.translator.tokenizer.encode(chunk)
+            runs = [(served, lambda i, c=chunk: connection.post({"dataframe_records": [{"text": c[i]}]})),
+                    (raw, lambda i, c=ids: self.raw(c[i]))]
+            for times, decode in runs if start // block % 2 else runs[::-1]:
+                decode(0)   # its weights back in the caches
+                for i in range(len(chunk)):
+                    began = time.perf_counter()
+                    decode(i)
+                    times.append(time.perf_counter() - began)
+        connection.close()
+        return statistics.median(served), statistics.median(raw)
+
+    def offline(self, sentences: list[str]) -> float:
+        """Sentences/s in batches of 16: CTranslate2 given them all at once (its batches spread over
+        its replicas), our search 16 at a time."""
+        import torch
+
+        t = self.translator
+        started = time.perf_counter()
+        with torch.inference_mode():
+            if self.ct2:
+                kept, t.decoding = t.decoding, t.decoding.replace(batch_sentences=16)
+                try:
+                    t.translate(sentences)
+                finally:
+                    t.decoding = kept
+            else:
+                for i in range(0, len(sentences), 16):
+                    t.translate(sentences[i:i + 16])
+        return len(sentences) / (time.perf_counter() - started)
+
+
+def swap_under_load(v: Version, options: list[str], threads: int, clients: int,
+                    sentences: list[str]) -> tuple[LoadResult, str]:
+    """Our server on a temporary registry holding ``v``'s files as versions 1 and 2, under
+    ``clients`` closed-loop clients; the champion moved from 1 to 2. Returns the load and what
+    answered: each version's answers, and when version 2 first and version 1 last answered (seconds
+    from the move: requests accepted on 1 finish on 1)."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.tracking import store
+
+    with tempfile.TemporaryDirectory(prefix="serve-load-swap-") as tmp:
+        copy = Path(tmp) / "version"
+        for path in ("MLmodel", "artifacts"):
+            mlflow.artifacts.download_artifacts(artifact_uri=f"{v.source}/{path}", dst_path=str(copy),
+                                                tracking_uri=store.tracking_uri())
+        uri = f"sqlite:///{tmp}/swap.db"
+        client = MlflowClient(uri, uri)
+        experiment = client.create_experiment("serve-load-swap", artifact_location=(Path(tmp) / "runs").as_uri())
+        client.create_registered_model(v.name)
+        for _ in range(2):
+            run = client.create_run(experiment)
+            client.log_artifacts(run.info.run_id, str(copy), "translator")
+            client.create_model_version(v.name, f"{run.info.artifact_uri}/translator", run.info.run_id)
+        client.set_registered_model_alias(v.name, store.CHAMPION_ALIAS, "1")
+        process, url = start("pipeline.serving.server", v.name, [*options, "--poll-seconds", "0.5"], threads,
+                             MLFLOW_TRACKING_URI=uri)
+        answered: list[tuple[float, str]] = []
+        halt = threading.Event()
+        box: list[LoadResult] = []
+        load = threading.Thread(target=lambda: box.append(run_load(url, sentences, sys.maxsize, clients,
+                                                                   time_limit_s=600, until=halt, answered=answered)))
+        try:
+            load.start()
+            time.sleep(3.0)
+            moved = time.monotonic()
+            client.set_registered_model_alias(v.name, store.CHAMPION_ALIAS, "2")
+            while not any(version == "2" for _, version in answered) and time.monotonic() < moved + 120:
+                time.sleep(0.1)
+            time.sleep(3.0)   # and the old version drained
+        finally:
+            halt.set()
+            load.join()
+            stop(process)
+        result = box[0]
+    counts = collections.Counter(version for _, version in answered)
+    first = min((at for at, version in answered if version == "2"), default=math.nan) - moved
+    last = max((at for at, version in answered if version == "1"), default=math.nan) - moved
+    return result, (f"versions=1:{counts['1']},2:{counts['2']} first_of_2_s={first:.2f} last_of_1_s={last:.2f}"
+                    f"{' OTHER:' + str(dict(counts)) if set(counts) - {'1', '2'} else ''}")
 
 
 def main() -> None:
@@ -189,48 +393,94 @@ def main() -> None:
     parser.add_argument("--requests-per-client", type=int, default=30)
     parser.add_argument("--sentences", type=Path, default=Path("data/corpus/test_2016_flickr.en"),
                         help="one source sentence a line (default: the test set; else 10 built-in captions)")
-    parser.add_argument("--threads", type=int, default=max(1, len(os.sched_getaffinity(0)) - 1),
-                        help="torch threads of both servers and the references (default: the server's)")
+    from pipeline.serving.server.__main__ import default_ct2_threads, default_threads
+
+    inter, intra = default_ct2_threads()
+    parser.add_argument("--threads", type=int, default=default_threads(),
+                        help="torch threads of our server on torch, MLflow's and the references (default: the "
+                             "server's)")
+    parser.add_argument("--inter-threads", type=int, default=inter, help="CTranslate2's (default: the server's)")
+    parser.add_argument("--intra-threads", type=int, default=intra, help="CTranslate2's (default: the server's)")
+    parser.add_argument("--engines", help="our server's engines, comma-separated (default: the version's, then "
+                                          "the other where it can decode)")
     parser.add_argument("--time-limit", type=float, default=300.0, help="per level and server")
+    parser.add_argument("--swap-clients", type=int, default=16, help="clients during the live swap")
     parser.add_argument("--no-mlflow", action="store_true", help="skip MLflow's server (no ratio)")
+    parser.add_argument("--no-swap", action="store_true", help="skip the live swap")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # the servers it started stop too (finally)
     from pipeline.config.loader import PARAMS
     from pipeline.config.params import load_params
-    from pipeline.serving.server.model_source import wanted_version
-    from pipeline.tracking import store
 
     name = args.name or (load_params(PARAMS).tracking.registered_model if PARAMS.is_file()
                          else "transformer")
-    version, why, run_id = wanted_version(store.client(), name)
+    v = served_version(name)
+    engines = args.engines.split(",") if args.engines else \
+        [v.decoding.engine, *[e for e in ("ctranslate2", "torch") if e != v.decoding.engine]]
+    engines = [e for e in engines if e == "torch" or v.exported]   # no export: CTranslate2 cannot decode it
     sentences = SENTENCES
     if args.sentences.is_file():
         sentences = [s for s in args.sentences.read_text(encoding="utf-8").splitlines() if s.strip()]
     levels = [int(x) for x in args.levels.split(",")]
-    print(f"{cpu_name()}, {args.threads} threads; {name} version {version} ({why}); one-sentence requests from "
-          f"{len(sentences)} sentences, {args.requests_per_client} per client", flush=True)
-    servers = [("ours", "pipeline.serving.server")] + ([] if args.no_mlflow else
-                                                        [("mlflow", "pipeline.serving.mlflow_server")])
-    throughput: dict[tuple[str, int], float] = {}
-    for label, module in servers:
-        process, url = start(module, name, version, args.threads)
+    d = v.decoding
+    print(f"{cpu_name()}, {len(os.sched_getaffinity(0))} cores; {name} version {v.version} ({v.why}): {d.engine}"
+          f"{' ' + d.compute_type if d.engine == 'ctranslate2' else ''}, beam {d.beam_size}, alpha {d.alpha}, "
+          f"stopping {d.stopping}{'' if v.exported else ', no CTranslate2 export'}; threads: torch {args.threads}, "
+          f"CTranslate2 {args.inter_threads} x {args.intra_threads}; one-sentence requests from {len(sentences)} "
+          f"sentences, {args.requests_per_client} per client", flush=True)
+    options = ["--threads", str(args.threads), "--inter-threads", str(args.inter_threads), "--intra-threads",
+               str(args.intra_threads)]
+    refs = {e: Reference(v, e, args.threads, (args.inter_threads, args.intra_threads)) for e in engines}
+    servers = [(f"ours {e}", "pipeline.serving.server", [*options, "--engine", e]) for e in engines]
+    if not args.no_mlflow:
+        servers.append(("mlflow", "pipeline.serving.mlflow_server", ["--version", v.version]))
+    results: dict[tuple[str, int], LoadResult] = {}
+    measured: dict[str, float] = {}
+    for label, module, server_options in servers:
+        process, url = start(module, name, server_options, args.threads)
         try:
             post(url, {"inputs": [sentences[0]]})   # warm-up
             for clients in levels:
                 result = run_load(url, sentences, clients * args.requests_per_client, clients,
                                   time_limit_s=args.time_limit)
-                throughput[(label, clients)] = result.sentences_per_s
-                print(f"{label:6s} clients={clients:<3d} {result.summary()}", flush=True)
+                results[(label, clients)] = result
+                print(f"{label:16s} clients={clients:<3d} {result.summary()}", flush=True)
                 for problem in result.errors[:3]:
                     print(f"  error: {problem}")
+            engine = label.removeprefix("ours ")
+            if engine == "ctranslate2":
+                measured["paired_s"], measured["raw_s"] = refs[engine].paired(url, sentences[:60])
+                print(f"{label:16s} one client, in blocks with raw CTranslate2 in-process (its translate_batch, "
+                      f"same compute type and threads): p50_ms={1000 * measured['paired_s']:.1f} raw_p50_ms="
+                      f"{1000 * measured['raw_s']:.1f}", flush=True)
         finally:
             stop(process)
-    single_p50, offline = references(name, version, why, run_id, sentences[:400], args.threads)
-    print(f"reference in-process, one sentence: p50_ms={1000 * single_p50:.1f}")
-    print(f"reference offline, batches of 16: sentences_per_s={offline:.1f}")
+        if label.startswith("ours "):   # the same engine in this process, now that its server is gone
+            ref = refs[engine]
+            measured[f"{engine}_offline"] = ref.offline(sentences[:400])
+            print(f"reference {engine} in-process, one sentence: p50_ms={1000 * ref.one(sentences[:60]):.1f}; "
+                  f"offline, batches of 16: sentences_per_s={measured[f'{engine}_offline']:.1f}", flush=True)
+    if not args.no_swap:
+        swap, answered = swap_under_load(v, options, args.threads, args.swap_clients, sentences)
+        results[("swap", args.swap_clients)] = swap
+        print(f"swap under load ({args.swap_clients} clients, {v.decoding.engine}): {swap.summary()} {answered}",
+              flush=True)
+        for problem in swap.errors[:3]:
+            print(f"  error: {problem}")
+    top = max(levels)
+    if "raw_s" in measured:
+        ours = {c: results[("ours ctranslate2", c)] for c in levels}
+        print(f"one_client_p50_vs_raw={measured['paired_s'] / measured['raw_s']:.2f} (goal <= 1.25)")
+        print(f"top_vs_offline={ours[top].sentences_per_s / measured['ctranslate2_offline']:.2f} (goal >= 0.9)")
+        if ("ours torch", top) in results:
+            print(f"top_vs_torch_server={ours[top].sentences_per_s / results[('ours torch', top)].sentences_per_s:.2f}"
+                  " (goal >= 2)")
+        if 4 in ours and 1 in ours:
+            print(f"p95_4_vs_p50_1={ours[4].percentile(95) / ours[1].percentile(50):.2f} (goal <= 3)")
+    print(f"errors={sum(len(r.errors) for r in results.values())}")
     if not args.no_mlflow:
-        top = max(levels)
-        print(f"ratio={throughput[('ours', top)] / throughput[('mlflow', top)]:.2f}")
+        mine = results[(f"ours {v.decoding.engine if v.decoding.engine in engines else engines[0]}", top)]
+        print(f"ratio={mine.sentences_per_s / results[('mlflow', top)].sentences_per_s:.2f}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -215,19 +216,25 @@ def test_sigterm_answers_what_is_queued_then_exits_0(registered):
 
 
 def test_the_load_bench_runs_both_servers_at_each_level(registered):
+    """Version 1 has no CTranslate2 export: our server runs on torch only (the CTranslate2 path of the
+    bench: test_server_engines); the live swap runs on a temporary copy of the registry."""
     done = subprocess.run([sys.executable, str(REPO / "bench" / "serve_load.py"), "--name", NAME, "--levels", "1,2",
-                           "--requests-per-client", "4", "--threads", "1"], cwd=registered.root, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO),
-                                                       "MLFLOW_TRACKING_URI": registered.uri})
+                           "--requests-per-client", "4", "--threads", "1", "--swap-clients", "2"], cwd=registered.root,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": registered.uri})
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
-    assert f"{NAME} version 1 (alias champion)" in lines[0]
-    for label in ("ours", "mlflow"):
+    assert f"{NAME} version 1 (alias champion): torch" in lines[0] and "no CTranslate2 export" in lines[0]
+    for label in ("ours torch", "mlflow"):
         for clients in (1, 2):
-            (line,) = [x for x in lines if x.startswith(f"{label:6s} clients={clients} ")]
+            (line,) = [x for x in lines if re.match(rf"{label} +clients={clients} ", x)]
             assert f"requests={4 * clients} errors=0" in line and "p99_ms=" in line, line
-    assert any(x.startswith("reference offline, batches of 16: sentences_per_s=") for x in lines)
-    assert lines[-1].startswith("ratio=") and float(lines[-1].split("=")[1]) > 0
+    assert not [x for x in lines if x.startswith("ours ctranslate2")]
+    (swap,) = [x for x in lines if x.startswith("swap under load (2 clients, torch): ")]
+    assert " errors=0 " in swap and re.search(r" versions=1:[1-9]\d*,2:[1-9]\d* ", swap), swap
+    assert any(x.startswith("reference torch in-process, one sentence: p50_ms=") and
+               "offline, batches of 16: sentences_per_s=" in x for x in lines)
+    assert "errors=0" in lines and lines[-1].startswith("ratio=") and float(lines[-1].split("=")[1]) > 0
 
 
 def test_the_champion_is_swapped_live_under_load_without_a_failed_request(server, registered):

@@ -7,12 +7,17 @@ with engine ctranslate2 int8 and the export (``artifacts/ctranslate2/`` in the v
 The CTranslate2 version's answers equal an in-process ``CT2Translator`` of the same export and
 settings, one request of several sentences and concurrent one-sentence requests (batched across
 requests, two replicas); the champion moves torch -> ctranslate2 -> ctranslate2 under load with no
-failed request and each swapped-out version drained and released."""
+failed request and each swapped-out version drained and released; bench/serve_load.py runs our server
+with each engine and MLflow's on the CTranslate2 version."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
+import re
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -28,7 +33,7 @@ from pipeline.serving.translator import Translator, load_translator
 from pipeline.tracking.store import CHAMPION_ALIAS
 from transformer.checkpoint import load_model
 
-from ..conftest import MIRROR
+from ..conftest import MIRROR, REPO
 from .test_mlflow_server import NAME, SOURCES, _lines, registered_in_temp_store
 from .test_server import start_server
 
@@ -170,3 +175,32 @@ def test_live_swaps_torch_to_ctranslate2_to_ctranslate2_under_load_fail_no_reque
         assert server.stop() == 0, server.log.read_text()[-2000:]
 
 
+def test_the_load_bench_runs_each_engine_mlflows_server_and_a_swap_on_a_ctranslate2_version(store):
+    store.champion("3")
+    try:
+        done = subprocess.run([sys.executable, str(REPO / "bench" / "serve_load.py"), "--name", NAME, "--levels",
+                               "1,4", "--requests-per-client", "3", "--threads", "1", "--inter-threads", "2",
+                               "--intra-threads", "1", "--swap-clients", "2"], cwd=store.root, capture_output=True,
+                              text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO),
+                                                           "MLFLOW_TRACKING_URI": store.uri})
+    finally:
+        store.champion("1")
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert f"{NAME} version 3 (alias champion): ctranslate2 int8, beam 2" in lines[0], lines[0]
+    assert "CTranslate2 2 x 1" in lines[0]
+    for label in ("ours ctranslate2", "ours torch", "mlflow"):
+        for clients in (1, 4):
+            (line,) = [x for x in lines if re.match(rf"{label} +clients={clients} ", x)]
+            assert f"requests={3 * clients} errors=0" in line, line
+    (swap,) = [x for x in lines if x.startswith("swap under load (2 clients, ctranslate2): ")]
+    assert " errors=0 " in swap and re.search(r" versions=1:[1-9]\d*,2:[1-9]\d* ", swap), swap
+    assert any(x.startswith("ours ctranslate2 one client, in blocks with raw CTranslate2") and " raw_p50_ms=" in x
+               for x in lines)
+    for engine in ("ctranslate2", "torch"):
+        assert any(x.startswith(f"reference {engine} in-process, one sentence: p50_ms=") and
+                   "; offline, batches of 16: sentences_per_s=" in x for x in lines), engine
+    for goal in ("one_client_p50_vs_raw=", "top_vs_offline=", "top_vs_torch_server=", "p95_4_vs_p50_1="):
+        (line,) = [x for x in lines if x.startswith(goal)]
+        assert float(line.split("=")[1].split()[0]) > 0, line   # printed, never asserted: a shared machine
+    assert "errors=0" in lines and lines[-1].startswith("ratio=") and float(lines[-1].split("=")[1]) > 0
