@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from pipeline.serving.decoding import DecodingConfig
+from pipeline.serving.server.requests import Pieces
 
 
 class QueueFull(RuntimeError):
@@ -259,7 +260,7 @@ class Batcher:
         try:
             with torch.inference_mode():
                 hypotheses = first.model.translator.translate_ids(ids, **first.decoding.per_request())
-            texts = first.model.translator.tokenizer.decode(hypotheses)
+            texts = Pieces(first.model.translator.tokenizer).decode(hypotheses)
         except Exception as err:   # noqa: BLE001 - answered as a 500 to each request of the batch
             for job in group:
                 job.answer(error=err)
