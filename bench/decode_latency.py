@@ -122,6 +122,13 @@ def served(params: Path, engine: str) -> tuple[dict[str, Any], str]:
     return settings, f"{source['alpha']}"
 
 
+def overridden(settings: dict[str, Any], asked: dict[str, Any], source: str) -> str:
+    """``settings`` updated with what the command line ``asked`` (None: not asked); their source."""
+    asked = {k: v for k, v in asked.items() if v is not None}
+    settings.update(asked)
+    return f"the command line for {', '.join(asked)}, else {source}" if asked else source
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=Path("models/model.pt"))
@@ -140,10 +147,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     (t, t_from), (c, c_from) = served(args.params, "torch"), served(args.params, "ctranslate2")
-    given = {"beam_size": args.beam, "alpha": args.alpha, "stopping": args.stopping}
-    t.update({k: v for k, v in given.items() if v is not None})
-    c.update({k: v for k, v in {"beam_size": args.beam, "alpha": args.ct2_alpha,
-                                "compute_type": args.compute_type}.items() if v is not None})
+    t_from = overridden(t, {"beam_size": args.beam, "alpha": args.alpha, "stopping": args.stopping}, t_from)
+    c_from = overridden(c, {"beam_size": args.beam, "alpha": args.ct2_alpha, "compute_type": args.compute_type},
+                        c_from)
     other_rule = next(rule for rule in STOPPING if rule != t["stopping"])
     for path in (args.model, args.tokenizer, args.data):
         if not path.is_file():

@@ -7,7 +7,7 @@ champion, else latest, from ``MLFLOW_TRACKING_URI`` or ``mlflow.db``): ours with
 engine, ours with the other one forced (``--engine``; CTranslate2 only where the version carries
 its export), then MLflow's, which decodes with the version's engine through the pyfunc model. For
 each level of ``--levels`` (default 1, 4 and 16 closed-loop clients, each sending its next request
-when the last is answered), ``--requests-per-client`` one-sentence requests from the test set.
+when the last is answered), ``--requests-per-client`` (100) one-sentence requests from the test set.
 Prints p50, p95, p99 latency, sentences/s and errors per level and server; then a live swap under
 load (``--swap-clients`` clients, our server on the version's engine, its registry a temporary copy
 holding the version twice: the champion moved from one to the other, every answer must be a 200);
@@ -390,7 +390,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--name", help="registered model (default: tracking.registered_model of params.yaml)")
     parser.add_argument("--levels", default="1,4,16", help="closed-loop clients per level, comma-separated")
-    parser.add_argument("--requests-per-client", type=int, default=30)
+    parser.add_argument("--requests-per-client", type=int, default=100,
+                        help="per level (a level of CTranslate2 at 16 clients lasts seconds: fewer are noise)")
     parser.add_argument("--sentences", type=Path, default=Path("data/corpus/test_2016_flickr.en"),
                         help="one source sentence a line (default: the test set; else 10 built-in captions)")
     from pipeline.serving.server.__main__ import default_ct2_threads, default_threads
