@@ -26,7 +26,7 @@ from transformer.tokenizer import train_tokenizer
 from ...fakes import params_with
 
 VOCAB = 48
-SENTENCES = 24   # per set: a few seconds for every grid point of both engines
+SENTENCES = 12   # per set: well under a second for every grid point of both engines
 
 # Both grids small (torch: 1 + 2 points; CTranslate2: 1 + 2 points, its own alphas, and int8 once).
 SMALL = {"tune": {"beam_sizes": [1, 2], "alphas": [1.0], "stoppings": ["exact", "fairseq"],

@@ -19,6 +19,8 @@ from pipeline.stages.evaluate import evaluate
 from transformer.atomic import file_sha256
 from transformer.checkpoint import load_checkpoint
 
+from .conftest import SENTENCES
+
 
 def test_metrics_match_sacrebleu_on_the_written_translations(workspace):
     detail = json.loads((workspace.path / "reports/evaluate/scores.json").read_text())
@@ -177,9 +179,9 @@ def test_tunes_validation_translations_are_reused_only_from_the_same_engine(deco
     chosen = tune_chose("ctranslate2")
     params = decoding_workspace(evaluate={"attention_sentences": 0})
     Path("reports/tune/run.json").write_text(json.dumps({
-        "model_sha256": file_sha256(Path("models/model.pt")), "valid_set": "val", "sentences": 24, **chosen,
+        "model_sha256": file_sha256(Path("models/model.pt")), "valid_set": "val", "sentences": SENTENCES, **chosen,
         "max_len_b": 6, "batch_sentences": 8, "precision": "fp32"}))
-    tuned = [f"tuned {i}" for i in range(24)]   # not what either engine writes: reused or not, it shows
+    tuned = [f"tuned {i}" for i in range(SENTENCES)]   # not what either engine writes: reused or not, it shows
     Path("reports/tune/val.de").write_text("".join(f"{line}\n" for line in tuned))
     assert evaluate(params)["dev"]["val"]["translated_by"] == "tune"
     assert lines("reports/translations/val.de") == tuned

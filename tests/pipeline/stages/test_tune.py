@@ -21,6 +21,8 @@ from pipeline.stages.tune import RULE, choose, choose_compute_type, choose_engin
 from pipeline.tracking import links
 from transformer.atomic import file_sha256
 
+from .conftest import SENTENCES, SMALL
+
 TUNED = ("beam_size", "alpha", "stopping", "engine", "compute_type")
 POINT = {*TUNED, "bleu", "chrf", "length_ratio"}   # a grid point: settings and scores, never a time
 
@@ -148,8 +150,6 @@ def settings(points: list[dict]) -> list[tuple]:
 
 
 def test_each_engine_on_its_grid_then_the_compute_type_then_the_engine(decoding_workspace, capsys):
-    from .conftest import SMALL
-
     report = tune(decoding_workspace())
     out = capsys.readouterr().out
     assert all(set(p) == POINT for p in report["grid"])   # no time: a DVC output
@@ -172,7 +172,7 @@ def test_each_engine_on_its_grid_then_the_compute_type_then_the_engine(decoding_
     # what evaluate reads, and the translations it may reuse, with the engine and compute type they came from
     assert read_json("reports/tune.json") == {"chosen": {k: chosen[k] for k in TUNED}, "valid_bleu": chosen["bleu"]}
     run = read_json("reports/tune/run.json")
-    assert {k: run[k] for k in (*TUNED, "sentences")} == {**{k: chosen[k] for k in TUNED}, "sentences": 24}
+    assert {k: run[k] for k in (*TUNED, "sentences")} == {**{k: chosen[k] for k in TUNED}, "sentences": SENTENCES}
     hyps = Path("reports/tune/val.de").read_text().splitlines()
     refs = Path("data/corpus/val.de").read_text().splitlines()
     assert round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2) == chosen["bleu"]
