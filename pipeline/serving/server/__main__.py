@@ -83,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stall-seconds", type=float, default=60.0,
                         help="not ready (503) when a batch decodes longer than this, or requests wait and no batch "
                              "finished for this long; a started request is answered 504 past it")
+    parser.add_argument("--batch-wait-ms", type=float, default=2.0,
+                        help="a free CTranslate2 replica waits this long for more requests while fewer are queued than "
+                             "the other replicas decode (never when alone or all are free)")
     parser.add_argument("--drain-seconds", type=float, default=30.0, help="on SIGTERM, time to answer the queue")
     parser.add_argument("--decode-delay-ms", type=float, default=0.0, help=argparse.SUPPRESS)   # tests: a slow decode
     args = parser.parse_args(argv)
@@ -112,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     metrics = ServerMetrics()
     # One inference thread a CTranslate2 replica (a version of our search uses one of them).
     batcher = Batcher(args.max_queue_sentences, args.max_batch_tokens, args.threads, metrics.on_batch,
-                      workers=args.inter_threads, stall_seconds=args.stall_seconds)
+                      workers=args.inter_threads, stall_seconds=args.stall_seconds,
+                      batch_wait_s=args.batch_wait_ms / 1000)
     if args.decode_delay_ms:
         decode = batcher._decode
 

@@ -188,3 +188,40 @@ def test_a_burst_is_shared_out_between_free_replicas(translator):
         batcher.stop(10)
         loop.close()
     assert sorted(model.batches) == [8, 8] and batcher.problem() is None
+
+
+def test_a_free_replica_waits_a_moment_for_as_many_sentences_as_the_busy_one_decodes(translator):
+    """While one replica decodes 4 sentences, requests trickling in are decoded as one batch of 4,
+    not one by one (the wait ends as soon as as many are queued, well within ``batch_wait_s``)."""
+    model = Replicas(translator)
+    gate, entered, calls = threading.Event(), threading.Event(), []
+    decode = model.translate_ids
+
+    def first_blocks(ids, **settings):   # noqa: ANN001, ANN003, ANN202
+        calls.append(len(ids))
+        if len(calls) == 1:   # the busy replica, until the others are queued
+            entered.set()
+            gate.wait(30)
+        return decode(ids, **settings)
+    model.translate_ids = first_blocks
+    batcher = Batcher(threads=1, workers=2, batch_wait_s=5.0)
+    loop = asyncio.new_event_loop()
+    try:
+        def job(sentences: int) -> Job:
+            j = Job([[5, 6, 7]] * sentences, model, DECODING, time.monotonic() + 60, loop.create_future(), loop)
+            batcher.submit(j)
+            return j
+        batcher.start()
+        jobs = [job(4)]
+        assert entered.wait(10)
+        began = time.monotonic()
+        for _ in range(4):
+            jobs.append(job(1))
+            time.sleep(0.05)
+        gate.set()
+        loop.run_until_complete(asyncio.wait_for(asyncio.gather(*(j.future for j in jobs)), 60))
+    finally:
+        gate.set()
+        batcher.stop(10)
+        loop.close()
+    assert model.batches == [4, 4] and time.monotonic() - began < 5.0, model.batches
