@@ -118,7 +118,7 @@ class Batcher:
         with self.cond:
             if self.stopping:
                 raise QueueFull("the server is shutting down")
-            if self.deaths and not self.alive():
+            if len(self.deaths) == len(self.inference_threads):   # not is_alive: a dying thread is alive a moment
                 raise Unavailable(self._death())
             if self.queued_sentences + len(job.ids) > self.max_queue_sentences:
                 raise QueueFull(f"{self.queued_sentences} sentences queued (limit {self.max_queue_sentences})")
@@ -239,7 +239,7 @@ class Batcher:
         except BaseException as err:   # noqa: BLE001 - recorded, answered, then the thread ends
             with self.cond:
                 self.deaths[name] = f"{type(err).__name__}: {str(err)[:200]}"
-                last = not any(t.is_alive() for t in self.inference_threads if t is not threading.current_thread())
+                last = len(self.deaths) == len(self.inference_threads)
                 if last:   # nobody is left to take the queue: its requests are answered now, not at their bound
                     jobs = [*jobs, *self.pending]
                     self.pending.clear()
