@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pipeline.workers.deploy import HEARTBEAT_GRACE_S, HEARTBEAT_S
+
 
 class DeployError(ValueError):
     pass
@@ -55,6 +57,13 @@ def api_url() -> str:
     return url
 
 
+def _seconds(text: str) -> int:
+    """A whole number of seconds, at least 1 (argparse's type: its message names the option)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of seconds >= 1, got {text!r}")
+    return int(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.workers", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -70,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="deploy although dvc.yaml, dvc.lock, params.yaml or a stage's code differ in the "
                              "working tree from the pinned commit (a warning instead of a refusal)")
     deploy.add_argument("--params", type=Path, default=Path("params.yaml"), help="params file (flows section)")
+    deploy.add_argument("--crash-grace", type=_seconds, default=HEARTBEAT_GRACE_S, metavar="SECONDS",
+                        help=f"a run is marked Crashed (its slot freed) after {HEARTBEAT_S} s + this without a "
+                             f"heartbeat: its worker stopped or its host died (default {HEARTBEAT_GRACE_S})")
     args = parser.parse_args(argv)
 
     from pipeline.config.params import ParamsError, load_params
@@ -89,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             print(warning, file=sys.stderr, flush=True)
         check_prefect_server(api_url())
         deployed = deploy_flow(args.repository, commit, args.pool, flows,
-                               results_branch=args.results_branch or DEFAULT_BRANCH, paused=args.paused)
+                               results_branch=args.results_branch or DEFAULT_BRANCH, paused=args.paused,
+                               crash_grace_s=args.crash_grace)
     except (ParamsError, DeployError, WorkspaceError, ResultsError, WorkingTreeError, PrefectPreflightError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -12,7 +12,8 @@ server (Prefect 3.8's process worker: the run's process is SIGKILLed with the wo
 group), so the run would show ``Running`` forever and hold the deployment's one concurrency slot.
 Prefect's answer is heartbeats: every flow run of this deployment sends one every
 ``HEARTBEAT_S`` seconds (a job variable), and an automation (``crash_detection``) marks a run
-``Crashed`` when none came for ``HEARTBEAT_S + HEARTBEAT_GRACE_S`` seconds, which frees the slot.
+``Crashed`` when none came for ``HEARTBEAT_S`` + a grace (``HEARTBEAT_GRACE_S`` unless the deploy
+command sets ``--crash-grace``) seconds, which frees the slot.
 """
 
 from __future__ import annotations
@@ -105,8 +106,12 @@ def ensure_pool(client, pool: str) -> bool:  # noqa: ANN001 (prefect's SyncPrefe
         return True
 
 
-def crash_detection(client, deployment_id: UUID, name: str) -> UUID:  # noqa: ANN001 (SyncPrefectClient)
-    """Create or update the automation that marks this deployment's silent runs ``Crashed``."""
+def crash_detection(client, deployment_id: UUID, name: str,  # noqa: ANN001 (SyncPrefectClient)
+                    grace_s: int = HEARTBEAT_GRACE_S) -> UUID:
+    """Create or update the automation that marks this deployment's runs ``Crashed`` after
+    ``HEARTBEAT_S + grace_s`` seconds without a heartbeat (a shorter grace frees the slot sooner; one
+    under a few seconds risks crashing a run whose heartbeat is merely late)."""
+    silent_s = HEARTBEAT_S + grace_s
     from datetime import timedelta
 
     from prefect.client.schemas.objects import StateType
@@ -115,7 +120,7 @@ def crash_detection(client, deployment_id: UUID, name: str) -> UUID:  # noqa: AN
 
     automation = AutomationCore(
         name=f"{name}: crashed when heartbeats stop",
-        description=f"A flow run of {name} that sent no heartbeat for {HEARTBEAT_S + HEARTBEAT_GRACE_S} s "
+        description=f"A flow run of {name} that sent no heartbeat for {silent_s} s "
                     "(its worker was stopped or its host died) is marked Crashed",
         trigger=EventTrigger(
             after={"prefect.flow-run.heartbeat"},
@@ -125,9 +130,9 @@ def crash_detection(client, deployment_id: UUID, name: str) -> UUID:  # noqa: AN
             match_related={"prefect.resource.role": "deployment",
                            "prefect.resource.id": f"prefect.deployment.{deployment_id}"},
             for_each={"prefect.resource.id"}, posture=Posture.Proactive, threshold=1,
-            within=timedelta(seconds=HEARTBEAT_S + HEARTBEAT_GRACE_S)),
+            within=timedelta(seconds=silent_s)),
         actions=[ChangeFlowRunState(state=StateType.CRASHED,
-                                    message=f"no heartbeat for {HEARTBEAT_S + HEARTBEAT_GRACE_S} s: its worker "
+                                    message=f"no heartbeat for {silent_s} s: its worker "
                                             "stopped or its host died")])
     existing = client.read_automations_by_name(automation.name)
     if existing:
@@ -137,7 +142,7 @@ def crash_detection(client, deployment_id: UUID, name: str) -> UUID:  # noqa: AN
 
 
 def deploy(repository: str, commit: str, pool: str, flows: FlowsParams, *, results_branch: str,
-           paused: bool = False) -> Deployed:
+           paused: bool = False, crash_grace_s: int = HEARTBEAT_GRACE_S) -> Deployed:
     """Create or update the deployment ``team-retraining/<flows.deployment_name>`` in ``pool``."""
     from prefect import get_client
     from prefect.client.schemas.actions import DeploymentScheduleCreate
@@ -161,5 +166,5 @@ def deploy(repository: str, commit: str, pool: str, flows: FlowsParams, *, resul
             schedules=[schedule], concurrency_limit=1, paused=paused, tags=["retraining", "worker"],
             job_variables={"env": {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S)}},
             description=f"team-retraining of {repository} at {commit}, results to {results_branch}")
-        crash_detection(client, deployment_id, f"{FLOW_NAME}/{flows.deployment_name}")
+        crash_detection(client, deployment_id, f"{FLOW_NAME}/{flows.deployment_name}", crash_grace_s)
     return Deployed(deployment_id, f"{FLOW_NAME}/{flows.deployment_name}", pool, commit)

@@ -38,6 +38,7 @@ HERE = Path(__file__).resolve().parent
 # Enough updates that a SIGINT lands between two checkpoints (tiny preset: a few seconds of training).
 TRAIN = {"max_epochs": 0, "max_steps": 150, "checkpoint_every_steps": 25, "validate_every": 75, "log_every": 25}
 FLOW_RUN_TIMEOUT_S = 420
+CRASH_GRACE_S = 10   # the stopped worker's run is Crashed 40 s after its last heartbeat, not 75
 
 
 def free_port(host: str) -> int:
@@ -136,7 +137,8 @@ def team(tmp_path_factory) -> Iterator[Team]:
             prefect_env = {**clean_env(tmp / "deployer"),
                            **{k: v for k, v in first.env.items() if k.startswith("PREFECT_API")}}
             deployed = subprocess.run([PYTHON, "-m", "pipeline.workers", "deploy", "--repository", repository,
-                                       "--pool", POOL, "--results-branch", BRANCH], cwd=root,
+                                       "--pool", POOL, "--results-branch", BRANCH, "--crash-grace",
+                                       str(CRASH_GRACE_S)], cwd=root,
                                       env={**prefect_env, "PYTHONPATH": str(root)}, capture_output=True, text=True,
                                       timeout=120)
             assert deployed.returncode == 0, deployed.stdout + deployed.stderr
@@ -273,6 +275,7 @@ def test_worker_stopped_mid_training_crashes_the_run_and_the_rerun_resumes_to_th
         # The worker SIGKILLs its flow run: the deployment's heartbeat automation marks it Crashed.
         state = team.prefect("wait", run["id"], "240", timeout=300)
         assert state["type"] in ("CRASHED", "CANCELLED"), (state, team.prefect("logs", run["id"])[-30:])
+        assert state["type"] == "CANCELLED" or f"no heartbeat for {30 + CRASH_GRACE_S} s" in state["message"], state
         deadline = time.monotonic() + 60
         while (left := [pid for pid in started if Path(f"/proc/{pid}").exists()]) and time.monotonic() < deadline:
             time.sleep(0.2)
