@@ -99,9 +99,9 @@ def test_a_fresh_run_of_the_same_commit_gives_the_same_lock_file(workspace, tmp_
     curves, the metrics, the translations and the attention plots."""
     import os
 
-    from .conftest import make_workspace, tiny_params
+    from .conftest import make_workspace, session_params
 
-    path, env = make_workspace(tmp_path / "again", tiny_params())
+    path, env = make_workspace(tmp_path / "again", session_params())
     # as a user's shell has it: no PYTHONPATH, the venv not on PATH until activated
     env.pop("PYTHONPATH")
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p != str(BIN))

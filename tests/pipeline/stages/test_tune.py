@@ -21,10 +21,12 @@ from pipeline.stages.tune import RULE, choose, choose_compute_type, choose_engin
 from pipeline.tracking import links
 from transformer.atomic import file_sha256
 
+from ..conftest import TINY
 from .conftest import SENTENCES, SMALL
 
 TUNED = ("beam_size", "alpha", "stopping", "engine", "compute_type")
 POINT = {*TUNED, "bleu", "chrf", "length_ratio"}   # a grid point: settings and scores, never a time
+TUNED_SENTENCES = TINY["tune"]["max_sentences"]   # the session workspace's tune decodes the first 200
 
 
 def test_grid_is_every_point_ascending_and_greedy_once():
@@ -82,7 +84,7 @@ def test_rule_highest_bleu_then_smaller_beam_then_smaller_alpha_then_the_sooner_
 
 def test_report_chosen_translations_and_run_record(workspace):
     report = json.loads((workspace.path / "reports/tune/scores.json").read_text())
-    assert report["valid_set"] == "val" and report["sentences"] == 1014 and report["rule"] == RULE
+    assert report["valid_set"] == "val" and report["sentences"] == TUNED_SENTENCES and report["rule"] == RULE
     # the workspace's grids (params.yaml's beam sizes; torch: both stopping rules, two alphas; CTranslate2: its
     # own two alphas and rule, then int8 at its point), every point scored; no time in the report (a DVC
     # output): decoding times go to MLflow's table below
@@ -97,7 +99,7 @@ def test_report_chosen_translations_and_run_record(workspace):
     chosen = report["engines"][report["chosen"]["engine"]]["chosen"]
     assert report["engines"]["torch"]["chosen"] == choose(torch_points)
     # the literature's BLEU of the chosen point, after the choice: reported, never choosing
-    refs_tok = (workspace.path / "data/references/val.de").read_text().splitlines()
+    refs_tok = (workspace.path / "data/references/val.de").read_text().splitlines()[:TUNED_SENTENCES]
     literature = bleu_lc_tok((workspace.path / "reports/tune/val.de").read_text().splitlines(), refs_tok, "de")
     assert report["chosen"] == {**chosen, "bleu_lc_tok": round(literature.score, 2)}
     assert report["bleu_lc_tok_description"].startswith(LABEL)
@@ -106,11 +108,11 @@ def test_report_chosen_translations_and_run_record(workspace):
         "chosen": {k: chosen[k] for k in TUNED}, "valid_bleu": chosen["bleu"]}
     # the validation translations with the chosen settings, scored as reported
     hyps = (workspace.path / "reports/tune/val.de").read_text().splitlines()
-    refs = (workspace.path / "data/corpus/val.de").read_text().splitlines()
-    assert len(hyps) == len(refs) == 1014
+    refs = (workspace.path / "data/corpus/val.de").read_text().splitlines()[:TUNED_SENTENCES]
+    assert len(hyps) == len(refs) == TUNED_SENTENCES
     assert round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2) == chosen["bleu"]
     run = json.loads((workspace.path / "reports/tune/run.json").read_text())
-    assert {k: run[k] for k in (*TUNED, "sentences")} == {**{k: chosen[k] for k in TUNED}, "sentences": 1014}
+    assert {k: run[k] for k in (*TUNED, "sentences")} == {**{k: chosen[k] for k in TUNED}, "sentences": TUNED_SENTENCES}
     assert "mlflow_run_id" not in run and run["model_sha256"] == file_sha256(workspace.path / "models/model.pt")
     # at run time, both engines' val BLEU and the choice (issue #36: within 0.3 of torch's)
     out = workspace.first_run.stdout
