@@ -87,9 +87,10 @@ def family(client, run_id: str) -> set[str]:
 
 @pytest.mark.usefixtures("needs_mirror")
 def test_server_killed_during_training_loses_no_registration(stack, tmp_path, monkeypatch):
-    # One grid point, whose validation translations evaluate reuses: the test is about tracking.
+    # One grid point of each engine on 200 validation sentences: the test is about tracking.
     params = tiny_params({"tracking": {"experiment": "faults-tracking", "registered_model": MODEL},
-                          "tune": {"beam_sizes": [2], "alphas": [0.6], "stoppings": ["fairseq"]}})
+                          "tune": {"beam_sizes": [2], "alphas": [0.6], "stoppings": ["fairseq"],
+                                   "ct2_alphas": [0.6], "max_sentences": 200}})
     m = machine(stack, tmp_path / "repo", params)
     m.env["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"   # a server away fails each request at once
     repro(m, "tokenizer")
