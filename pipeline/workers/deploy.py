@@ -111,12 +111,13 @@ def crash_detection(client, deployment_id: UUID, name: str,  # noqa: ANN001 (Syn
     """Create or update the automation that marks this deployment's runs ``Crashed`` after
     ``HEARTBEAT_S + grace_s`` seconds without a heartbeat (a shorter grace frees the slot sooner; one
     under a few seconds risks crashing a run whose heartbeat is merely late)."""
-    silent_s = HEARTBEAT_S + grace_s
     from datetime import timedelta
 
     from prefect.client.schemas.objects import StateType
     from prefect.events.actions import ChangeFlowRunState
     from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
+
+    silent_s = HEARTBEAT_S + grace_s
 
     automation = AutomationCore(
         name=f"{name}: crashed when heartbeats stop",

@@ -111,14 +111,16 @@ class Batcher:
         for thread in self.inference_threads:
             thread.start()
 
-    def alive(self) -> int:
-        return sum(t.is_alive() for t in self.inference_threads)
+    def _all_dead(self) -> bool:
+        """Every inference thread has recorded its death (not ``is_alive``: a dying thread is alive a
+        moment after it recorded it, and a request queued then would wait for nobody)."""
+        return len(self.deaths) == len(self.inference_threads)
 
     def submit(self, job: Job) -> None:
         with self.cond:
             if self.stopping:
                 raise QueueFull("the server is shutting down")
-            if len(self.deaths) == len(self.inference_threads):   # not is_alive: a dying thread is alive a moment
+            if self._all_dead():
                 raise Unavailable(self._death())
             if self.queued_sentences + len(job.ids) > self.max_queue_sentences:
                 raise QueueFull(f"{self.queued_sentences} sentences queued (limit {self.max_queue_sentences})")
@@ -239,8 +241,7 @@ class Batcher:
         except BaseException as err:   # noqa: BLE001 - recorded, answered, then the thread ends
             with self.cond:
                 self.deaths[name] = f"{type(err).__name__}: {str(err)[:200]}"
-                last = len(self.deaths) == len(self.inference_threads)
-                if last:   # nobody is left to take the queue: its requests are answered now, not at their bound
+                if self._all_dead():   # nobody left to take the queue: answered now, not at their bound
                     jobs = [*jobs, *self.pending]
                     self.pending.clear()
                     self.queued_sentences = 0
