@@ -34,6 +34,7 @@ from sacremoses import MosesPunctNormalizer
 from pipeline.scoring.paper_bleu import PaperBleu, moses_tokenize, multi_bleu
 from pipeline.scoring.reports import LITERATURE_KEY as KEY
 from pipeline.scoring.reports import LITERATURE_LABEL as LABEL
+from pipeline.scoring.sacrebleu_scores import bootstrap_ci
 
 
 @functools.lru_cache(maxsize=8)
@@ -76,7 +77,14 @@ def bleu_lc_tok(hypotheses: list[str], tokenized_references: list[str], lang: st
 
 
 def literature_score(hypotheses: list[str], tokenized_references: list[str], lang: str,
-                     references: str) -> dict[str, Any]:
-    """``{bleu_lc_tok, bleu_lc_tok_description}``: the entries a report gets beside sacreBLEU's."""
+                     references: str, bootstrap: int = 0) -> dict[str, Any]:
+    """``{bleu_lc_tok, bleu_lc_tok_description}``: the entries a report gets beside sacreBLEU's; with
+    ``bootstrap`` > 1 also ``bleu_lc_tok_ci95``, the half-width of its 95% confidence interval over that
+    many resamples of the sentences (sacreBLEU's bootstrap, as for the cased BLEU)."""
     result = bleu_lc_tok(hypotheses, tokenized_references, lang, references)
-    return {KEY: round(result.score, 2), f"{KEY}_description": result.description}
+    scores: dict[str, Any] = {KEY: round(result.score, 2)}
+    if bootstrap > 1:
+        metric = sacrebleu.BLEU(smooth_method="none", tokenize="none", lowercase=False, force=True)
+        _, half_width = bootstrap_ci(metric, lc_norm_tok(hypotheses, lang), list(tokenized_references), bootstrap)
+        scores[f"{KEY}_ci95"] = round(half_width, 2)
+    return {**scores, f"{KEY}_description": result.description}

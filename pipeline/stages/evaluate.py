@@ -59,7 +59,7 @@ from pipeline.scoring.reports import (
     scores_of_dev_sets,
     scores_of_test_sets,
 )
-from pipeline.scoring.sacrebleu_scores import score
+from pipeline.scoring.sacrebleu_scores import BOOTSTRAP_RESAMPLES, score
 from pipeline.serving.decoding import TUNED, Decoding, decoding_settings
 from pipeline.serving.engine import AnyTranslator
 from pipeline.serving.split_decoding import build_translator, load_averaged, split_files
@@ -71,7 +71,9 @@ from transformer.search import attention_weights
 
 PAPER_KEY = "bleu_tok_compound_split"
 # reports/metrics.json's per-set scores and decoding settings; the rest is reports/evaluate/scores.json's.
-HEADLINE_SCORES = ("bleu", "chrf", PAPER_KEY, LITERATURE_KEY)
+HEADLINE_SCORES = ("bleu", "bleu_ci95", "chrf", PAPER_KEY, LITERATURE_KEY, f"{LITERATURE_KEY}_ci95")
+# Test sets report BLEU's 95% confidence interval over this many bootstrap resamples (sacreBLEU's, seeded).
+TEST_BOOTSTRAP = BOOTSTRAP_RESAMPLES
 HEADLINE_DECODING = ("beam_size", "alpha", "stopping", "engine", "compute_type")
 FALLBACK = "fallback"   # the engine's source where CTranslate2 could not decode here and torch did
 
@@ -83,7 +85,7 @@ def paper_score(hypotheses: list[str], references: list[str], lang: str) -> dict
     return {PAPER_KEY: round(result.score, 2), f"{PAPER_KEY}_description": result.description}
 
 
-def literature(hypotheses: list[str], split: str, lang: str) -> dict[str, Any]:
+def literature(hypotheses: list[str], split: str, lang: str, bootstrap: int = 0) -> dict[str, Any]:
     """The literature's BLEU of ``split`` (``bleu_lc_tok``: lowercased, Moses-tokenized, against
     upstream's ``lc.norm.tok`` references of the references stage) and its description; {} where the
     data set publishes no such references. Reported only, never compared with sacreBLEU."""
@@ -91,7 +93,7 @@ def literature(hypotheses: list[str], split: str, lang: str) -> dict[str, Any]:
     if found is None:
         return {}
     references, url = found
-    return literature_score(hypotheses, references, lang, url)
+    return literature_score(hypotheses, references, lang, url, bootstrap)
 
 
 def headline(detail: dict[str, Any]) -> dict[str, Any]:
@@ -170,17 +172,19 @@ def evaluate(params: Sections) -> dict[str, Any]:
         hypotheses = translator.translate(sources)
         seconds = time.monotonic() - start
         write_lines(paths.TRANSLATIONS_DIR / f"{test_set}.{data.tgt_lang}", hypotheses)
-        tests[test_set] = {**score(hypotheses, references), "sentences": len(sources)}
+        tests[test_set] = {**score(hypotheses, references, TEST_BOOTSTRAP), "sentences": len(sources)}
         decode_seconds[test_set] = seconds
-        print(f"{test_set}: BLEU {tests[test_set]['bleu']:.2f}  chrF {tests[test_set]['chrf']:.2f}  "
-              f"({len(sources)} sentences, {seconds:.0f} s)  {tests[test_set]['signature']}", flush=True)
+        m = tests[test_set]
+        print(f"{test_set}: BLEU {m['bleu']:.2f} ± {m['bleu_ci95']:.2f}  chrF {m['chrf']:.2f}  "
+              f"({len(sources)} sentences, {seconds:.0f} s)  {m['signature']}", flush=True)
         if data.dataset.startswith("wmt"):
             tests[test_set].update(paper_score(hypotheses, references, data.tgt_lang))
             print(f"{test_set}: {PAPER_KEY} {tests[test_set][PAPER_KEY]:.2f}, as the paper measured BLEU "
                   f"(not sacreBLEU): {tests[test_set][PAPER_KEY + '_description']}", flush=True)
-        tests[test_set].update(literature(hypotheses, test_set, data.tgt_lang))
+        tests[test_set].update(literature(hypotheses, test_set, data.tgt_lang, TEST_BOOTSTRAP))
         if LITERATURE_KEY in tests[test_set]:
-            print(f"{test_set}: {LITERATURE_KEY} {tests[test_set][LITERATURE_KEY]:.2f}, "
+            print(f"{test_set}: {LITERATURE_KEY} {tests[test_set][LITERATURE_KEY]:.2f} "
+                  f"± {tests[test_set][LITERATURE_KEY + '_ci95']:.2f}, "
                   f"{tests[test_set][LITERATURE_KEY + '_description']}", flush=True)
         if test_set == data.test_sets[0] and e.attention_sentences:
             ours = translator if isinstance(translator, Translator) else build_translator(checkpoint, params,
@@ -229,7 +233,7 @@ def track(params: Sections, metrics: dict[str, Any], decoding: Decoding, seconds
               **{f"time/decode_seconds/{name}": t for name, t in (decode_seconds or {}).items()}}
     for test_set, m in scores_of_test_sets(metrics).items():
         values.update({f"test/{test_set}/bleu": m["bleu"], f"test/{test_set}/chrf": m["chrf"]})
-        for key in (PAPER_KEY, LITERATURE_KEY):
+        for key in ("bleu_ci95", PAPER_KEY, LITERATURE_KEY, f"{LITERATURE_KEY}_ci95"):
             if key in m:
                 values[f"test/{test_set}/{key}"] = m[key]
     for dev_set, m in metrics[DEV].items():

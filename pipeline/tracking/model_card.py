@@ -96,8 +96,11 @@ def model_card(name: str, version: str, run: Any, *, metrics: Mapping[str, Any],
     literature = any(LITERATURE_KEY in v for v in scores.values())
     lit_head, lit_rule = (" BLEU lc.tok (the literature's) |", "---:|") if literature else ("", "")
 
+    def with_ci(v: Mapping[str, Any], key: str) -> str:   # "38.19 ± 0.86": the 95% bootstrap interval
+        return f"{v[key]:.2f}" + (f" ± {v[key + '_ci95']:.2f}" if key + "_ci95" in v else "")
+
     def lit_cell(v: Mapping[str, Any]) -> str:
-        return (f" {v[LITERATURE_KEY]:.2f} |" if LITERATURE_KEY in v else " - |") if literature else ""
+        return (f" {with_ci(v, LITERATURE_KEY)} |" if LITERATURE_KEY in v else " - |") if literature else ""
 
     def origin(key: str) -> str:
         where = decoding.get(f"{key}_from") or t.get(f"decoding.{key}_from")
@@ -114,7 +117,8 @@ def model_card(name: str, version: str, run: Any, *, metrics: Mapping[str, Any],
         f"{cfg.get('max_positions')} positions).", "",
         "## Scores", "",
         f"| test set | BLEU | chrF | sentences |{lit_head}", f"|---|---:|---:|---:|{lit_rule}",
-        *[f"| {s} | {v['bleu']:.2f} | {v.get('chrf', float('nan')):.2f} | {v.get('sentences', '?')} |{lit_cell(v)}"
+        *[f"| {s} | {with_ci(v, 'bleu')} | {v.get('chrf', float('nan')):.2f} | {v.get('sentences', '?')} |"
+          f"{lit_cell(v)}"
           for s, v in scores.items()],
         "",
         *[f"- {s}: sacreBLEU `{v['signature']}`" + (f", chrF `{v['chrf_signature']}`" if v.get("chrf_signature")
@@ -123,6 +127,9 @@ def model_card(name: str, version: str, run: Any, *, metrics: Mapping[str, Any],
     if literature:
         lines.append(f"- BLEU lc.tok: {LITERATURE_LABEL}; the measure of published Multi30k results, "
                      "not comparable with sacreBLEU's")
+    if any("bleu_ci95" in v for v in scores.values()):
+        lines.append("- ±: half-width of the 95% confidence interval from sacreBLEU's bootstrap resampling of the "
+                     "test sentences (1000 resamples, seeded)")
     if dev:
         lines.append(f"- validation ({dev[0]}, the development set that chose decoding and promotion): "
                      f"BLEU {dev[1].get('bleu', float('nan')):.2f}"

@@ -31,8 +31,11 @@ def test_metrics_match_sacrebleu_on_the_written_translations(workspace):
     assert len(hyps) == len(refs) == m["sentences"] == 1000
     assert m["bleu"] == round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2)
     assert m["chrf"] == round(sacrebleu.corpus_chrf(hyps, [refs]).score, 2)
-    assert m["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    assert m["signature"].startswith("nrefs:1|bs:1000|seed:12345|case:mixed|eff:no|tok:13a|smooth:exp|version:")
     assert "chrf_signature" in m
+    # the 95% confidence interval of sacreBLEU's bootstrap over the 1000 test sentences, seeded
+    with_bootstrap = sacrebleu.BLEU().corpus_score(hyps, [refs], n_bootstrap=1000)
+    assert m["bleu_ci95"] == round(with_bootstrap._ci, 2) >= 0   # 0 for the barely trained model of the suite
 
 
 def test_the_metric_file_is_the_details_headline(workspace):
@@ -42,9 +45,9 @@ def test_the_metric_file_is_the_details_headline(workspace):
     metrics = json.loads((workspace.path / "reports/metrics.json").read_text())
     detail = json.loads((workspace.path / "reports/evaluate/scores.json").read_text())
     assert set(metrics) == set(detail) == {"test", "dev", "decoding"}
-    for group in ("test", "dev"):
-        assert metrics[group] == {name: {k: m[k] for k in ("bleu", "chrf", "bleu_lc_tok")}
-                                  for name, m in detail[group].items()}
+    for group, keys in (("test", ("bleu", "bleu_ci95", "chrf", "bleu_lc_tok", "bleu_lc_tok_ci95")),
+                        ("dev", ("bleu", "chrf", "bleu_lc_tok"))):
+        assert metrics[group] == {name: {k: m[k] for k in keys} for name, m in detail[group].items()}
     assert metrics["decoding"] == {k: detail["decoding"][k] for k in ("beam_size", "alpha", "stopping", "engine",
                                                                      "compute_type")}
 
