@@ -32,6 +32,23 @@ def test_the_literatures_bleu_has_its_own_column_and_tag():
     assert tags["bleu.test_2016_flickr"] == "37.99" and tags["bleu_lc_tok.test_2016_flickr"] == "38.40"
 
 
+def test_the_confidence_intervals_stand_beside_their_scores():
+    """Both BLEUs with the half-widths of their 95% bootstrap intervals, and a line saying what ± is;
+    the card without them (the test above, a version registered before) has no such line."""
+    metrics = {"test": {"test_2016_flickr": {"bleu": 38.19, "bleu_ci95": 1.63, "chrf": 62.63, "sentences": 1000,
+                                             "signature": SIGNATURE, "bleu_lc_tok": 38.62, "bleu_lc_tok_ci95": 1.71,
+                                             "bleu_lc_tok_description": "..."}}}
+    card, tags = model_card("transformer-en-de", "4", fake_run(), metrics=metrics, decoding=DECODING,
+                            model_config=CONFIG)
+    assert "| test_2016_flickr | 38.19 ± 1.63 | 62.63 | 1000 | 38.62 ± 1.71 |" in card
+    assert "- ±: half-width of the 95% confidence interval from sacreBLEU's bootstrap" in card
+    assert tags["bleu.test_2016_flickr"] == "38.19"
+    old, _ = model_card("transformer-en-de", "3", fake_run(), metrics={"test": {"test_2016_flickr": {
+        "bleu": 37.99, "chrf": 62.48, "sentences": 1000, "signature": SIGNATURE}}}, decoding=DECODING,
+        model_config=CONFIG)
+    assert "±" not in old
+
+
 def test_no_column_where_the_data_set_has_no_literature_measure():
     metrics = {"test": {"newstest2014": {"bleu": 27.1, "chrf": 57.0, "sentences": 3003, "signature": SIGNATURE,
                                          "bleu_tok_compound_split": 27.9}},
