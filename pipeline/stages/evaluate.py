@@ -16,8 +16,10 @@ Writes (docs/metrics.md), no time in either (a DVC output follows from the deps 
 
 - ``reports/metrics.json``, the DVC metric, what ``dvc metrics show`` prints::
 
-    {"test": {<test set>: {"bleu", "chrf"}},       # sacreBLEU; WMT sets add "bleu_tok_compound_split",
-                                                   # Multi30k sets "bleu_lc_tok" (the literature's)
+    {"test": {<test set>: {"bleu", "bleu_ci95", "chrf"}},   # sacreBLEU (ci95: the half-width of the 95%
+                                                   # interval of its bootstrap, 1000 resamples); WMT sets add
+                                                   # "bleu_tok_compound_split", Multi30k sets "bleu_lc_tok"
+                                                   # (the literature's) and its "bleu_lc_tok_ci95"
      "dev": {<valid_set>: {"bleu", "chrf"}},       # what the promotion gate judges (+ "bleu_lc_tok")
      "decoding": {"beam_size", "alpha", "stopping",    # the settings used, and who decoded:
                   "engine", "compute_type"}}       # torch (compute_type null) or ctranslate2
