@@ -39,10 +39,12 @@ def test_metrics_and_plots_commands(workspace, beam1_experiment):
     assert show.returncode == 0 and "test.test_2016_flickr.bleu" in show.stdout
     assert "chosen.alpha" in show.stdout and "decoding.alpha" in show.stdout and "valid_ppl" in show.stdout
     # a few headline columns (docs/metrics.md); signatures, the grid and each setting's source are detail.
-    # 22: Path, 4 of train, 6 of tune, per set (a test set and val) BLEU, chrF and the literature's BLEU, 5 settings
+    # 24: Path, 4 of train, 6 of tune, per set (a test set and val) BLEU, chrF and the literature's BLEU, the test
+    # set's two 95% intervals, 5 settings
     header = show.stdout.splitlines()[0].split()
     assert "test.test_2016_flickr.bleu_lc_tok" in show.stdout and "decoding.engine" in show.stdout
-    assert len(header) <= 22 and not any(k in show.stdout for k in ("signature", "_from", "rule", "grid")), header
+    assert "test.test_2016_flickr.bleu_ci95" in header and "test.test_2016_flickr.bleu_lc_tok_ci95" in header
+    assert len(header) <= 24 and not any(k in show.stdout for k in ("signature", "_from", "rule", "grid")), header
     metrics = json.loads((workspace.path / "reports/metrics.json").read_text())
     detail = json.loads((workspace.path / "reports/evaluate/scores.json").read_text())
     assert metrics["decoding"]["beam_size"] == 1 and detail["decoding"]["beam_size_from"] == "params"
