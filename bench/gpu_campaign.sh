@@ -6,7 +6,10 @@
 #   bench/gpu_campaign.sh 1 --out DIR              # GPU: tests/gpu, training throughput (base, eager and
 #                                                  #      compiled, against torch.nn.Transformer), big preset
 #   bench/gpu_campaign.sh 2 --out DIR              # GPU: the default recipe, decoding speed, the GPU recipe
+#   bench/gpu_campaign.sh all --out DIR            # GPU: both, in one command of under 10 minutes (a short
+#                                                  #      loan): the light Multi30k steps at the same time
 #   bench/gpu_campaign.sh rehearse --out DIR       # here: parts 1 and 2 on the CPU at tiny sizes
+#   bench/gpu_campaign.sh rehearse-all --out DIR   # here: all on the CPU at tiny sizes
 #
 # With the device tool: run(command="bench/gpu_campaign.sh 1 --out $OUT", carry=[".gpu"]), then 2.
 # Steps run in order of priority, each under a time cap (SIGINT, then SIGKILL); after each one the
@@ -35,8 +38,10 @@ if [ -x "$REPO/.venv/bin/python" ]; then PY=$REPO/.venv/bin/python; else PY=pyth
 case $part in
   prepare) exec "$PY" -m bench.gpu.prepare ;;
   1|2) REHEARSE=0; PARTS=$part ;;
+  all) REHEARSE=0; PARTS=all ;;
   rehearse) REHEARSE=1; PARTS="1 2" ;;
-  *) echo "error: usage: bench/gpu_campaign.sh prepare|1|2|rehearse [--out DIR]" >&2; exit 2 ;;
+  rehearse-all) REHEARSE=1; PARTS=all ;;
+  *) echo "error: usage: bench/gpu_campaign.sh prepare|1|2|all|rehearse|rehearse-all [--out DIR]" >&2; exit 2 ;;
 esac
 [ -n "$OUT" ] || { echo "error: --out DIR is required" >&2; exit 2; }
 [ -d "$CARRY/multi30k" ] && [ -d "$CARRY/wmt14" ] || {
@@ -55,12 +60,14 @@ fi
 export PYTHONPATH=$REPO:$SITE${PYTHONPATH:+:$PYTHONPATH}
 
 WORK=
-FAILED=
-pack() {   # the part's folder, archived again (checkpoints left out: far over what a call returns)
-  "$PY" -m bench.gpu.summary "$WORK" > "$WORK/summary.md" 2> "$WORK/summary.err" || true
-  cp "$WORK/summary.md" "$OUT/summary-part$PART.md"
-  tar -czf "$OUT/.campaign-part$PART.tmp" --exclude='*/models' -C "$(dirname "$WORK")" "$(basename "$WORK")" \
-    && mv "$OUT/.campaign-part$PART.tmp" "$OUT/campaign-part$PART.tar.gz"
+pack() {   # the part's folder, archived again (checkpoints left out: far over what a call returns); one at a time
+  (
+    flock 9
+    "$PY" -m bench.gpu.summary "$WORK" > "$WORK/summary.md" 2> "$WORK/summary.err" || true
+    cp "$WORK/summary.md" "$OUT/summary-part$PART.md"
+    tar -czf "$OUT/.campaign-part$PART.tmp" --exclude='*/models' -C "$(dirname "$WORK")" "$(basename "$WORK")" \
+      && mv "$OUT/.campaign-part$PART.tmp" "$OUT/campaign-part$PART.tar.gz"
+  ) 9> "$WORK/.pack.lock"
 }
 
 step() {   # step NAME CAP_SECONDS COMMAND...: run it under its cap, log it, pack the results
@@ -71,7 +78,6 @@ step() {   # step NAME CAP_SECONDS COMMAND...: run it under its cap, log it, pac
   local start=$SECONDS
   timeout --signal=INT --kill-after=20 "$cap" "$@" > "$WORK/$name/log.txt" 2>&1
   local rc=$?
-  [ "$rc" = 0 ] || FAILED="$FAILED $name"
   echo "$name rc=$rc seconds=$((SECONDS - start)) cap=$cap" | tee -a "$WORK/steps.txt"
   tail -n 15 "$WORK/$name/log.txt"
   pack
@@ -97,41 +103,72 @@ if [ "$REHEARSE" = 1 ]; then
   THROUGHPUT=("${SMALL_SHAPE[@]}"); BIG=("${SMALL_SHAPE[@]}")
   RECIPES=(--rehearse); DECODE=(--max-sentences 40 --batch-sentences 20 --rounds 1)
   CAP_TESTS=300; CAP_EAGER=120; CAP_COMPILED=300; CAP_BIG=120; CAP_DEFAULT=300; CAP_DECODE=120; CAP_RECIPES=300
-  BUDGET=0
+  BUDGET=0; DEADLINE=900
+  [ "$PARTS" = all ] && CAP_RECIPES=180   # three candidates at once on two cores
 else
   DEVICE=cuda
   THROUGHPUT=(--rounds 3 --steps 20 --warmup 5); BIG=(--rounds 2 --steps 10 --warmup 3)
   RECIPES=(); DECODE=()
   CAP_TESTS=170; CAP_EAGER=130; CAP_COMPILED=190; CAP_BIG=80; CAP_DEFAULT=170; CAP_DECODE=50; CAP_RECIPES=360
   BUDGET=$((CAP_RECIPES - 15))
+  if [ "$PARTS" = all ]; then   # about 9 minutes in all, the Multi30k steps and the tests side by side
+    CAP_EAGER=75; CAP_BIG=60; CAP_TESTS=150; CAP_DEFAULT=230; CAP_RECIPES=240; CAP_DECODE=45; CAP_COMPILED=190
+    BUDGET=$((CAP_RECIPES - 15)); DEADLINE=565   # seconds from the start: compile gets what is left of them
+  fi
 fi
 
+STEP_FILES=
 for PART in $PARTS; do
   WORK=$(mktemp -d /tmp/gpu-campaign.XXXXXX)/part$PART
   mkdir -p "$WORK"
+  STEP_FILES="$STEP_FILES $WORK/steps.txt"
+  TESTS=("$PY" -m pytest -q -p no:cacheprovider -rA tests/gpu)
+  EAGER=("$PY" bench/train_throughput.py --device "$DEVICE" --preset base --token-store "$WMT" --precision bf16
+         "${THROUGHPUT[@]}")
+  COMPILED=("${EAGER[@]}" --compile)
+  BIGRUN=("$PY" bench/train_throughput.py --device "$DEVICE" --preset big --token-store "$WMT" --precision bf16
+          --no-reference "${BIG[@]}")
+  DEFAULT=("$PY" -m bench.gpu.recipes --data "$M30K" --work "$WORK/multi30k_default/runs" --set default "${RECIPES[@]}")
+  DECODING=("$PY" -m bench.gpu.decode --workspace "$WORK/multi30k_default/runs/default" --device "$DEVICE"
+            "${DECODE[@]}")
+  CANDIDATES=("$PY" -m bench.gpu.recipes --data "$M30K" --work "$WORK/multi30k_gpu/runs" --set candidates
+              --budget-seconds "$BUDGET" "${RECIPES[@]}")
   environment | tee "$WORK/environment.txt"
   echo "rehearsal: $REHEARSE (1: CPU, tiny sizes; the figures mean nothing)" >> "$WORK/environment.txt"
   if [ "$PART" = 1 ]; then
-    step gpu_tests "$CAP_TESTS" "$PY" -m pytest -q -p no:cacheprovider -rA tests/gpu
-    step throughput_base_eager "$CAP_EAGER" "$PY" bench/train_throughput.py --device "$DEVICE" --preset base \
-      --token-store "$WMT" --precision bf16 "${THROUGHPUT[@]}"
-    step throughput_base_compiled "$CAP_COMPILED" "$PY" bench/train_throughput.py --device "$DEVICE" --preset base \
-      --token-store "$WMT" --precision bf16 --compile "${THROUGHPUT[@]}"
-    step big "$CAP_BIG" "$PY" bench/train_throughput.py --device "$DEVICE" --preset big --token-store "$WMT" \
-      --precision bf16 --no-reference "${BIG[@]}"
+    step gpu_tests "$CAP_TESTS" "${TESTS[@]}"
+    step throughput_base_eager "$CAP_EAGER" "${EAGER[@]}"
+    step throughput_base_compiled "$CAP_COMPILED" "${COMPILED[@]}"
+    step big "$CAP_BIG" "${BIGRUN[@]}"
+  elif [ "$PART" = 2 ]; then
+    step multi30k_default "$CAP_DEFAULT" "${DEFAULT[@]}"
+    step decode "$CAP_DECODE" "${DECODING[@]}"
+    step multi30k_gpu "$CAP_RECIPES" "${CANDIDATES[@]}"
   else
-    step multi30k_default "$CAP_DEFAULT" "$PY" -m bench.gpu.recipes --data "$M30K" --work "$WORK/multi30k_default/runs" \
-      --set default "${RECIPES[@]}"
-    step decode "$CAP_DECODE" "$PY" -m bench.gpu.decode --workspace "$WORK/multi30k_default/runs/default" \
-      --device "$DEVICE" "${DECODE[@]}"
-    step multi30k_gpu "$CAP_RECIPES" "$PY" -m bench.gpu.recipes --data "$M30K" --work "$WORK/multi30k_gpu/runs" \
-      --set candidates --budget-seconds "$BUDGET" "${RECIPES[@]}"
+    # In order of priority. The throughput steps and decode have the GPU to themselves; the tests and
+    # the Multi30k recipes (small models, bound by kernel launches) share it, so their wall times are
+    # upper bounds of each alone (environment.txt says so). compile last: the first a short loan cuts.
+    echo "side by side on the GPU: gpu_tests, multi30k_default, multi30k_gpu (its candidates at once too)" \
+      >> "$WORK/environment.txt"
+    step throughput_base_eager "$CAP_EAGER" "${EAGER[@]}"
+    step big "$CAP_BIG" "${BIGRUN[@]}"
+    (   # five processes side by side: CPU threads shared out, or OpenMP's spinning threads thrash the cores
+      export OMP_NUM_THREADS=$(( $(nproc) / 5 > 0 ? $(nproc) / 5 : 1 ))
+      step gpu_tests "$CAP_TESTS" "${TESTS[@]}" &
+      step multi30k_default "$CAP_DEFAULT" "${DEFAULT[@]}" &
+      step multi30k_gpu "$CAP_RECIPES" "${CANDIDATES[@]}" --parallel &
+      wait
+    )
+    step decode "$CAP_DECODE" "${DECODING[@]}"
+    left=$((DEADLINE - SECONDS))
+    step throughput_base_compiled "$(( left < CAP_COMPILED ? (left > 30 ? left : 30) : CAP_COMPILED ))" "${COMPILED[@]}"
   fi
   echo "== part $PART done: $OUT/campaign-part$PART.tar.gz, $OUT/summary-part$PART.md"
   cat "$OUT/summary-part$PART.md"
 done
 rm -rf "$SITE"
+FAILED=$(cat $STEP_FILES 2>/dev/null | grep -v ' rc=0 ' | cut -d' ' -f1 | tr '\n' ' ')
 if [ -n "$FAILED" ]; then
-  echo "steps that failed or were cut:$FAILED (the summaries say which and why)" >&2
+  echo "steps that failed or were cut: $FAILED (the summaries say which and why)" >&2
   exit 1
 fi

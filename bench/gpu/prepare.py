@@ -4,13 +4,15 @@ The GPU machine has torch, sentencepiece, sacrebleu, pandas, numpy and pytest, b
 registry, no internet and no DVC or MLflow, and a call takes at most 64 MiB of files with it. So:
 
 - ``multi30k/data``: what the stages after the tokenizer read for ``params.yaml`` as it is (the
-  default run): the token stores of every split, the SentencePiece model, and the validation and
-  test text (references for sacreBLEU), made by the pipeline's own download and tokenizer stages;
+  default run): the token stores of every split, the SentencePiece model, the validation and test
+  text (references for sacreBLEU) and upstream's tokenized references (the literature's BLEU), made
+  by the pipeline's own download, references and tokenizer stages;
 - ``wmt14/train``: a WMT14-shaped token store for the throughput benchmark (the synthetic WMT14
   mirror of ``tests/wmt14_fixture.py`` through the same stages with ``params/wmt14_en_de_base.yaml``:
   a 37000-piece BPE vocabulary, ~27 pieces a sentence), about 20 MB, which the benchmark cycles;
-- ``wheels/``: the pure-Python packages the stages import that the GPU machine lacks (cronsim for
-  the params check, sacremoses for the paper's tokenized BLEU), pinned as in requirements.txt;
+- ``wheels/``: the packages the stages import that the GPU machine lacks (cronsim for the params
+  check, sacremoses for the paper's tokenized BLEU, pydantic and its needs for params.yaml's typed
+  config), pinned as in requirements.txt, for its Python (3.12);
 - ``commit.txt``: the commit the folder was made for (the GPU machine gets no ``.git``).
 
     python -m bench.gpu.prepare [--out .gpu] [--wmt-pairs 170000] [--multi30k-pairs 0]
@@ -38,7 +40,9 @@ from tests.wmt14_fixture import generate
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_MIRROR = REPO.parent / "shared" / "data" / "multi30k"
 CARRY_LIMIT = 60 * 2**20   # the device tool carries 64 MiB with the working tree
-WHEELS = ("cronsim", "sacremoses")
+# pydantic (params.yaml's typed config) with its own needs, typing_extensions at the version pydantic needs
+WHEELS = ("cronsim", "sacremoses", "pydantic", "pydantic_core", "annotated-types", "typing-inspection",
+          "typing_extensions")
 WHEEL_PLATFORM = ["--python-version", "3.12", "--implementation", "cp", "--only-binary=:all:", "--no-deps"]
 
 
@@ -65,10 +69,11 @@ def multi30k(out: Path, work: Path, mirror: Path, limit_pairs: int) -> None:
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["data"].update(incoming_dir="", limit_train_pairs=limit_pairs)   # no pairs come in there
     workspace = work / "multi30k"
-    run_stages(workspace, params, ["download", "tokenizer"], stage_env(work, str(mirror)))
+    run_stages(workspace, params, ["download", "references", "tokenizer"], stage_env(work, str(mirror)))
     data = out / "multi30k" / "data"
-    shutil.copytree(workspace / "data" / "tokens", data / "tokens")
-    shutil.copytree(workspace / "data" / "tokenizer", data / "tokenizer")
+    # references: upstream's lc.norm.tok files, for evaluate's literature measure (bleu_lc_tok)
+    for folder in ("tokens", "tokenizer", "references"):
+        shutil.copytree(workspace / "data" / folder, data / folder)
     (data / "corpus").mkdir(parents=True)
     d = params["data"]
     for split in [d["valid_set"], *d["test_sets"]]:
@@ -97,7 +102,7 @@ def pinned(name: str) -> str:
 
 
 def wheels(out: Path) -> None:
-    """Pure-Python wheels of ``WHEELS`` for the GPU machine's Python (3.12), from the package index."""
+    """Wheels of ``WHEELS`` for the GPU machine's Python (3.12, x86-64 Linux), from the package index."""
     target = out / "wheels"
     cmd = [sys.executable, "-m", "pip", "download", "-q", *WHEEL_PLATFORM, "-d", str(target),
            *(pinned(name) for name in WHEELS)]

@@ -12,12 +12,15 @@ repro`` would run it after the tokenizer: ``python -m pipeline.stages.train``, t
   (held-out means held out). Its full params file is written as ``<work>/multi30k_gpu.yaml``, ending
   on the updates it reached, for ``params/``. A candidate that would not fit in what is left of
   ``--budget-seconds`` (its ``train.max_minutes`` plus the stages around it) is skipped and said so.
+  With ``--parallel`` the candidates train, average and tune at the same time, each in its own
+  processes on the one GPU (small models leave it mostly idle: their steps are bound by kernel
+  launches), so their wall times are upper bounds of what each takes alone.
 
 ``<work>/results.json`` is rewritten after every stage, so that a campaign step cut by its time
 limit still reports what finished.
 
     python -m bench.gpu.recipes --data .gpu/multi30k/data --work DIR --set default|candidates
-                                [--recipes bench/gpu/recipes.yaml] [--rehearse] [--budget-seconds N]
+                                [--recipes bench/gpu/recipes.yaml] [--rehearse] [--budget-seconds N] [--parallel]
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +117,8 @@ class Workspace:
                 "valid_bleu": tune.get("valid_bleu"),
                 "beam_size": tune.get("chosen", {}).get("beam_size"), "alpha": tune.get("chosen", {}).get("alpha"),
                 "stopping": tune.get("chosen", {}).get("stopping", "exact"),
-                "test": {t: {k: tests[t][k] for k in ("bleu", "chrf")} for t in test_sets if t in tests},
+                "test": {t: {k: tests[t][k] for k in ("bleu", "bleu_ci95", "bleu_lc_tok", "chrf") if k in tests[t]}
+                         for t in test_sets if t in tests},
                 "model": self.params["model"], "train": self.params["train"]}
 
 
@@ -134,6 +140,7 @@ def main() -> None:
     parser.add_argument("--recipes", type=Path, default=RECIPES)
     parser.add_argument("--rehearse", action="store_true", help="the recipes file's rehearse overrides (CPU)")
     parser.add_argument("--budget-seconds", type=float, default=0, help="skip candidates that would not fit (0 = none)")
+    parser.add_argument("--parallel", action="store_true", help="the candidates at the same time (one GPU, shared)")
     args = parser.parse_args()
     started = time.monotonic()
     spec = yaml.safe_load(args.recipes.read_text())
@@ -142,9 +149,12 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"set": args.set, "rehearse": args.rehearse, "recipes": {}, "skipped": []}
     out = args.work / "results.json"
-    spaces = []
-    for name, overrides in recipes.items():
-        params = recipe_params(overrides or {}, rehearse)
+    spaces: list[Workspace] = []
+    lock = threading.Lock()
+    stages = ["train", "average", "tune"] + (["evaluate"] if args.set == "default" else [])
+
+    def fits(name: str, params: dict[str, Any]) -> bool:
+        """Whether the candidate's training cap and the stages around it fit in what is left of the budget."""
         cap = 60 * float(params["train"].get("max_minutes") or 0)
         left = args.budget_seconds - (time.monotonic() - started)
         need = cap + AROUND_TRAINING_S + EVALUATE_RESERVE_S
@@ -152,14 +162,33 @@ def main() -> None:
             print(f"[{name}] skipped: {cap:.0f} s of training and ~{need - cap:.0f} s around it do not fit in the "
                   f"{left:.0f} s left", flush=True)
             results["skipped"].append(name)
-            continue
-        ws = Workspace(args.work, name, params, args.data)
-        spaces.append(ws)
-        stages = ["train", "average", "tune"] + (["evaluate"] if args.set == "default" else [])
+            return False
+        return True
+
+    def run_all(ws: Workspace) -> None:
         for stage in stages:
             ws.run(stage)
-            results["recipes"][name] = ws.summary()
-            write_json(out, results)
+            with lock:
+                results["recipes"][ws.name] = ws.summary()
+                write_json(out, results)
+
+    if args.parallel:   # every candidate starts now: each must fit in the whole budget
+        spaces = [Workspace(args.work, name, params, args.data) for name, params in
+                  ((n, recipe_params(o or {}, rehearse)) for n, o in recipes.items()) if fits(name, params)]
+        results["parallel"] = [ws.name for ws in spaces]
+        write_json(out, results)
+        with ThreadPoolExecutor(max_workers=max(1, len(spaces))) as pool:
+            errors = [f.exception() for f in [pool.submit(run_all, ws) for ws in spaces]]
+        for err in errors:
+            if err is not None:
+                print(f"error: {err}", flush=True)
+        spaces = [ws for ws, err in zip(spaces, errors) if err is None]   # a failed candidate is not chosen
+    else:
+        for name, overrides in recipes.items():
+            params = recipe_params(overrides or {}, rehearse)
+            if fits(name, params):
+                spaces.append(Workspace(args.work, name, params, args.data))
+                run_all(spaces[-1])
     if args.set == "candidates" and spaces:
         chosen = max(spaces, key=lambda w: w.summary()["valid_bleu"] or -1.0)   # max keeps the first of ties
         results["chosen"] = chosen.name

@@ -112,7 +112,11 @@ def recipe_rows(work: Path, name: str, label: str) -> list[tuple[str, str, str, 
                           f"stopping {r.get('stopping', 'exact')})",
                          f"{r['valid_bleu']:.2f}", "", name))
         for test_set, scores in (r.get("test") or {}).items():
-            rows.append((f"{tag}: test BLEU {test_set} (chrF {scores['chrf']:.2f})", f"{scores['bleu']:.2f}",
+            extra = "".join(f", {label} {scores[key]:.2f}" for key, label in
+                            (("bleu_lc_tok", "the literature's lowercased tokenized BLEU"),) if key in scores)
+            ci = f" ± {scores['bleu_ci95']:.2f}" if "bleu_ci95" in scores else ""
+            rows.append((f"{tag}: test BLEU {test_set} (chrF {scores['chrf']:.2f}{extra})",
+                         f"{scores['bleu']:.2f}{ci}",
                          f">= {GOALS['test_bleu']:g} ({met(scores['bleu'], GOALS['test_bleu'])})" if chosen else "",
                          name))
     for skipped in results.get("skipped", []):
