@@ -9,8 +9,8 @@ repro`` would run it after the tokenizer: ``python -m pipeline.stages.train``, t
   and steps, the validation BLEU (tune's choice) and the test BLEU.
 - ``--set candidates``: each candidate is trained, averaged and tuned; the one with the highest
   validation BLEU (ties: the earlier in the file) is chosen, and only it decodes the test set
-  (held-out means held out). Its full params file is written as ``<work>/multi30k_gpu.yaml``, ending
-  on the updates it reached, for ``params/``. A candidate that would not fit in what is left of
+  (held-out means held out). Its overrides of params.yaml are written as ``<work>/multi30k_gpu.yaml``,
+  ending on the updates it reached, for ``params/``. A candidate that would not fit in what is left of
   ``--budget-seconds`` (its ``train.max_minutes`` plus the stages around it) is skipped and said so.
   With ``--parallel`` the candidates train, average and tune at the same time, each in its own
   processes on the one GPU (small models leave it mostly idle: their steps are bound by kernel
@@ -70,8 +70,10 @@ def recipe_params(overrides: dict[str, Any], rehearse: dict[str, Any] | None) ->
 class Workspace:
     """One recipe's folder, run as DVC would run its stages after the tokenizer."""
 
-    def __init__(self, root: Path, name: str, params: dict[str, Any], data: Path) -> None:
+    def __init__(self, root: Path, name: str, params: dict[str, Any], data: Path,
+                 overrides: dict[str, Any] | None = None) -> None:
         self.path, self.name, self.params = root / name, name, params
+        self.overrides = overrides or {}
         self.path.mkdir(parents=True, exist_ok=True)
         write_text(self.path / "params.yaml", yaml.safe_dump(params, sort_keys=False))
         link = self.path / "data"
@@ -123,13 +125,15 @@ class Workspace:
 
 
 def recipe_file(ws: Workspace) -> str:
-    """The chosen recipe as a params file for ``params/``, ending on the updates its run reached."""
-    params = {name: dict(section) if isinstance(section, dict) else section for name, section in ws.params.items()}
-    steps = ws.summary()["steps"]
-    params["train"].update(max_steps=int(steps), max_minutes=0)
+    """The chosen recipe as a params file for ``params/``: its overrides of params.yaml (each one a ``dvc exp
+    run -S`` of ``make run RECIPE=``), ending on the updates its run reached instead of on the clock."""
+    overrides = {name: dict(section) for name, section in ws.overrides.items()}
+    train = overrides.setdefault("train", {})
+    train.pop("max_minutes", None)
+    train["max_steps"] = int(ws.summary()["steps"])
     return ("# Multi30k on one GPU, chosen on val by the GPU campaign (bench/gpu/recipes.py, recipe "
             f"{ws.name}).\n# Use: make run RECIPE=params/multi30k_gpu.yaml\n"
-            + yaml.safe_dump(params, sort_keys=False))
+            + yaml.safe_dump(overrides, sort_keys=False, default_flow_style=None))
 
 
 def main() -> None:
@@ -173,7 +177,7 @@ def main() -> None:
                 write_json(out, results)
 
     if args.parallel:   # every candidate starts now: each must fit in the whole budget
-        spaces = [Workspace(args.work, name, params, args.data) for name, params in
+        spaces = [Workspace(args.work, name, params, args.data, recipes[name]) for name, params in
                   ((n, recipe_params(o or {}, rehearse)) for n, o in recipes.items()) if fits(name, params)]
         results["parallel"] = [ws.name for ws in spaces]
         write_json(out, results)
@@ -187,7 +191,7 @@ def main() -> None:
         for name, overrides in recipes.items():
             params = recipe_params(overrides or {}, rehearse)
             if fits(name, params):
-                spaces.append(Workspace(args.work, name, params, args.data))
+                spaces.append(Workspace(args.work, name, params, args.data, overrides))
                 run_all(spaces[-1])
     if args.set == "candidates" and spaces:
         chosen = max(spaces, key=lambda w: w.summary()["valid_bleu"] or -1.0)   # max keeps the first of ties

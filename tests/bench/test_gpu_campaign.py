@@ -91,11 +91,16 @@ def test_recipes_may_not_change_the_carried_data_and_a_rehearsal_replaces_the_mo
 def test_the_chosen_recipe_file_ends_on_the_updates_its_run_reached(tmp_path):
     spec = yaml.safe_load(recipes.RECIPES.read_text())
     name, overrides = next(iter(spec["candidates"].items()))
-    ws = recipes.Workspace(tmp_path, name, recipes.recipe_params(overrides, None), tmp_path)
+    ws = recipes.Workspace(tmp_path, name, recipes.recipe_params(overrides, None), tmp_path, overrides)
     (ws.path / "reports").mkdir()
     (ws.path / "reports" / "train_metrics.json").write_text(json.dumps({"steps": 4321, "epochs": 37}))
-    (tmp_path / "multi30k_gpu.yaml").write_text(recipes.recipe_file(ws))
-    params = load_params(tmp_path / "multi30k_gpu.yaml")
+    recipe = yaml.safe_load(recipes.recipe_file(ws))
+    # Only the recipe's overrides of params.yaml (make run RECIPE= sets each with dvc exp run -S), on updates
+    assert set(recipe) == set(overrides) and "max_minutes" not in recipe["train"]
+    assert recipe["train"] == {**{k: v for k, v in overrides["train"].items() if k != "max_minutes"},
+                               "max_steps": 4321}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(recipes.recipe_params(recipe, None)))
+    params = load_params(tmp_path / "params.yaml")
     assert params.train.max_steps == 4321 and params.train.max_minutes == 0
     assert params.model.config(8000).d_model == overrides["model"]["d_model"]
 
@@ -115,7 +120,25 @@ def test_a_skipped_gpu_test_fails_where_the_campaign_requires_the_gpu(tmp_path):
 def test_the_campaign_script_refuses_bad_arguments_and_a_missing_carried_folder(tmp_path):
     script = str(ROOT / "bench" / "gpu_campaign.sh")
     bad = subprocess.run([script, "3"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "usage: bench/gpu_campaign.sh prepare|1|2|rehearse" in bad.stderr
+    assert bad.returncode == 2 and "usage: bench/gpu_campaign.sh prepare|1|2|all|rehearse" in bad.stderr
     if not (ROOT / ".gpu" / "multi30k").is_dir():
         missing = subprocess.run([script, "1", "--out", str(tmp_path)], capture_output=True, text=True)
         assert missing.returncode == 2 and "run bench/gpu_campaign.sh prepare here first" in missing.stderr
+
+
+def test_the_step_profile_times_steps_parts_and_operators_on_a_token_store(tmp_path):
+    """bench/gpu/profile_step.py, the next GPU session's first step, at a shape cut to seconds on the CPU."""
+    pairs = [([5 + i % 50] * (3 + i % 20), [6 + i % 40] * (4 + i % 25)) for i in range(600)]
+    write_token_store(tmp_path / "store", pairs, vocab_size=120)
+    result = subprocess.run([sys.executable, "-m", "bench.gpu.profile_step", "--token-store", str(tmp_path / "store"),
+                             "--device", "cpu", "--d-model", "32", "--heads", "2", "--d-ff", "64", "--layers", "1",
+                             "--max-tokens", "300", "--steps", "2"], cwd=ROOT, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    for label in ("1. changing shapes: ms a step [", "2. one batch repeated: ms a step [",
+                  "3. one step in parts (ms, median of 4): forward ", "4. profiler, 3 steps, by self_cpu_time_total"):
+        assert label in out, label
+    parts = out.split("3. one step in parts (ms, median of 4): ")[1].splitlines()[0]
+    assert [p.split()[0] for p in parts.split(", ")] == ["forward", "loss", "backward", "optimizer"]
+    assert "aten::" in out.split("4. profiler")[1]
