@@ -8,8 +8,10 @@
 #   bench/gpu_campaign.sh 2 --out DIR              # GPU: the default recipe, decoding speed, the GPU recipe
 #   bench/gpu_campaign.sh all --out DIR            # GPU: both, in one command of under 10 minutes (a short
 #                                                  #      loan): the light Multi30k steps at the same time
+#   bench/gpu_campaign.sh profile --out DIR        # GPU: where a base step's time goes (bench/gpu/profile_step.py),
+#                                                  #      the caching allocator's expandable segments, big too
 #   bench/gpu_campaign.sh rehearse --out DIR       # here: parts 1 and 2 on the CPU at tiny sizes
-#   bench/gpu_campaign.sh rehearse-all --out DIR   # here: all on the CPU at tiny sizes
+#   bench/gpu_campaign.sh rehearse-all --out DIR   # here: all on the CPU at tiny sizes (rehearse-profile: profile)
 #
 # With the device tool: run(command="bench/gpu_campaign.sh 1 --out $OUT", carry=[".gpu"]), then 2.
 # Steps run in order of priority, each under a time cap (SIGINT, then SIGKILL); after each one the
@@ -39,9 +41,11 @@ case $part in
   prepare) exec "$PY" -m bench.gpu.prepare ;;
   1|2) REHEARSE=0; PARTS=$part ;;
   all) REHEARSE=0; PARTS=all ;;
+  profile) REHEARSE=0; PARTS=profile ;;
+  rehearse-profile) REHEARSE=1; PARTS=profile ;;
   rehearse) REHEARSE=1; PARTS="1 2" ;;
   rehearse-all) REHEARSE=1; PARTS=all ;;
-  *) echo "error: usage: bench/gpu_campaign.sh prepare|1|2|all|rehearse|rehearse-all [--out DIR]" >&2; exit 2 ;;
+  *) echo "error: usage: bench/gpu_campaign.sh prepare|1|2|all|profile|rehearse|rehearse-all|rehearse-profile [--out DIR]" >&2; exit 2 ;;
 esac
 [ -n "$OUT" ] || { echo "error: --out DIR is required" >&2; exit 2; }
 [ -d "$CARRY/multi30k" ] && [ -d "$CARRY/wmt14" ] || {
@@ -102,13 +106,14 @@ if [ "$REHEARSE" = 1 ]; then
   SMALL_SHAPE=(--d-model 64 --heads 2 --d-ff 128 --layers 1 --max-tokens 1500 --rounds 1 --steps 2 --warmup 1)
   THROUGHPUT=("${SMALL_SHAPE[@]}"); BIG=("${SMALL_SHAPE[@]}")
   RECIPES=(--rehearse); DECODE=(--max-sentences 40 --batch-sentences 20 --rounds 1)
+  PROFILE=(--device cpu --d-model 64 --heads 2 --d-ff 128 --layers 1 --max-tokens 1500 --steps 3)
   CAP_TESTS=300; CAP_EAGER=120; CAP_COMPILED=300; CAP_BIG=120; CAP_DEFAULT=300; CAP_DECODE=120; CAP_RECIPES=300
   BUDGET=0; DEADLINE=900
   [ "$PARTS" = all ] && CAP_RECIPES=180   # three candidates at once on two cores
 else
   DEVICE=cuda
   THROUGHPUT=(--rounds 3 --steps 20 --warmup 5); BIG=(--rounds 2 --steps 10 --warmup 3)
-  RECIPES=(); DECODE=()
+  RECIPES=(); DECODE=(); PROFILE=(--device cuda --steps 8)
   CAP_TESTS=170; CAP_EAGER=130; CAP_COMPILED=190; CAP_BIG=80; CAP_DEFAULT=170; CAP_DECODE=50; CAP_RECIPES=360
   BUDGET=$((CAP_RECIPES - 15))
   if [ "$PARTS" = all ]; then   # about 9 minutes in all, the Multi30k steps and the tests side by side
@@ -140,6 +145,14 @@ for PART in $PARTS; do
     step throughput_base_eager "$CAP_EAGER" "${EAGER[@]}"
     step throughput_base_compiled "$CAP_COMPILED" "${COMPILED[@]}"
     step big "$CAP_BIG" "${BIGRUN[@]}"
+  elif [ "$PART" = profile ]; then
+    # The first campaign's base and big trained at the same ~60k target tokens/s (docs/gpu.md): each step
+    # timed, split and profiled, with the default allocator and with expandable segments; then big.
+    PROFILING=("$PY" -m bench.gpu.profile_step --token-store "$WMT" "${PROFILE[@]}")
+    step profile_base 120 "${PROFILING[@]}"
+    step profile_base_expandable 120 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "${PROFILING[@]}"
+    step profile_big 120 "${PROFILING[@]}" --preset big
+    step throughput_base_eager 150 "${EAGER[@]}"
   elif [ "$PART" = 2 ]; then
     step multi30k_default "$CAP_DEFAULT" "${DEFAULT[@]}"
     step decode "$CAP_DECODE" "${DECODING[@]}"

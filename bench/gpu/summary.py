@@ -137,6 +137,16 @@ def decode_rows(work: Path) -> list[tuple[str, str, str, str]]:
             for precision, batch, rate, bleu in found]
 
 
+def profile_rows(work: Path, name: str) -> list[tuple[str, str, str, str]]:
+    """``bench/gpu/profile_step.py``'s three timed lines (its profiler tables stay in the step's log)."""
+    log = read(work / name / "log.txt")
+    found = re.findall(r"^(1\. changing shapes|2\. one batch repeated|3\. one step in parts.*?): (.*)$", log,
+                       re.MULTILINE)
+    if not found:
+        return [(f"{name}: a step's time", status(work, name), "", name)]
+    return [(f"{name}: {label}", value, "", name) for label, value in found]
+
+
 def main() -> None:
     work = Path(sys.argv[1])
     env = read(work / "environment.txt")
@@ -156,6 +166,9 @@ def main() -> None:
         rows += big_rows(work)
     if (work / "multi30k_default").is_dir():
         rows += recipe_rows(work, "multi30k_default", "Multi30k, params.yaml")
+    for name in ("profile_base", "profile_base_expandable", "profile_big"):
+        if (work / name).is_dir():
+            rows += profile_rows(work, name)
     if (work / "decode").is_dir():
         rows += decode_rows(work)
     if (work / "multi30k_gpu").is_dir():

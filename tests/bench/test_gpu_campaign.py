@@ -120,7 +120,7 @@ def test_a_skipped_gpu_test_fails_where_the_campaign_requires_the_gpu(tmp_path):
 def test_the_campaign_script_refuses_bad_arguments_and_a_missing_carried_folder(tmp_path):
     script = str(ROOT / "bench" / "gpu_campaign.sh")
     bad = subprocess.run([script, "3"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "usage: bench/gpu_campaign.sh prepare|1|2|all|rehearse" in bad.stderr
+    assert bad.returncode == 2 and "usage: bench/gpu_campaign.sh prepare|1|2|all|profile|rehearse" in bad.stderr
     if not (ROOT / ".gpu" / "multi30k").is_dir():
         missing = subprocess.run([script, "1", "--out", str(tmp_path)], capture_output=True, text=True)
         assert missing.returncode == 2 and "run bench/gpu_campaign.sh prepare here first" in missing.stderr
@@ -142,3 +142,19 @@ def test_the_step_profile_times_steps_parts_and_operators_on_a_token_store(tmp_p
     parts = out.split("3. one step in parts (ms, median of 4): ")[1].splitlines()[0]
     assert [p.split()[0] for p in parts.split(", ")] == ["forward", "loss", "backward", "optimizer"]
     assert "aten::" in out.split("4. profiler")[1]
+
+
+def test_the_summary_reads_the_step_profiles_timed_lines(tmp_path):
+    log = ("base on cuda (NVIDIA H100), torch 2.11.0, 271 batches, 25000 tokens a batch\n"
+           "1. changing shapes: ms a step [350, 362], median 356.0; 63,000 target tokens/s\n"
+           "2. one batch repeated: ms a step [40, 41], median 40.5; 550,000 target tokens/s\n"
+           "3. one step in parts (ms, median of 4): forward 12.0, loss 300.1, backward 30.2, optimizer 2.0\n")
+    write_step(tmp_path, "profile_base", 0, 40, 120, log)
+    write_step(tmp_path, "profile_big", 124, 121, 120, "big on cuda\n")
+    (tmp_path / "environment.txt").write_text("gpu: test\n")
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in run_summary(tmp_path).splitlines()
+            if line.startswith("| profile")}
+    assert "median 356.0; 63,000 target tokens/s" in rows["profile_base: 1. changing shapes"]
+    assert "median 40.5" in rows["profile_base: 2. one batch repeated"]
+    assert "loss 300.1" in rows["profile_base: 3. one step in parts (ms, median of 4)"]
+    assert "cut at its 120 s cap" in rows["profile_big: a step's time"]
