@@ -194,12 +194,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+SERVER_CPUS: set[int] | None = None   # --server-cpus: the servers' cores (the bench keeps the others)
+
+
 def start(module: str, name: str, options: list[str], threads: int, **env: str) -> tuple[subprocess.Popen, str]:
     """``python -m <module> --name <name> <options>`` on a free port; (the process, its /invocations)."""
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false", **env}
+    cpus = SERVER_CPUS
     process = subprocess.Popen([sys.executable, "-m", module, "--name", name, "--port", str(port), *options],
-                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                               preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while True:
@@ -403,7 +408,18 @@ def main() -> None:
     parser.add_argument("--swap-clients", type=int, default=16, help="clients during the live swap")
     parser.add_argument("--no-mlflow", action="store_true", help="skip MLflow's server (no ratio)")
     parser.add_argument("--no-swap", action="store_true", help="skip the live swap")
+    parser.add_argument("--server-cpus", help="cores for the servers, comma-separated; the clients and the in-process "
+                                              "references keep the others, as if on another machine (set the "
+                                              "threads to fit: a reference gets the same threads on as many cores)")
     args = parser.parse_args()
+    if args.server_cpus:
+        global SERVER_CPUS
+        SERVER_CPUS = {int(c) for c in args.server_cpus.split(",")}
+        others = os.sched_getaffinity(0) - SERVER_CPUS
+        if not SERVER_CPUS <= os.sched_getaffinity(0) or not others:
+            parser.error(f"--server-cpus {args.server_cpus}: not a strict subset of this process's cores "
+                         f"{sorted(os.sched_getaffinity(0))}")
+        os.sched_setaffinity(0, others)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # the servers it started stop too (finally)
     from pipeline.config.loader import PARAMS
     from pipeline.config.params import load_params
@@ -419,7 +435,10 @@ def main() -> None:
         sentences = [s for s in args.sentences.read_text(encoding="utf-8").splitlines() if s.strip()]
     levels = [int(x) for x in args.levels.split(",")]
     d = v.decoding
-    print(f"{cpu_name()}, {len(os.sched_getaffinity(0))} cores; {name} version {v.version} ({v.why}): {d.engine}"
+    pinned = f" (servers on cores {sorted(SERVER_CPUS)}, clients and references on the others)" if SERVER_CPUS \
+        else ""
+    cores = len(os.sched_getaffinity(0)) + len(SERVER_CPUS or ())
+    print(f"{cpu_name()}, {cores} cores{pinned}; {name} version {v.version} ({v.why}): {d.engine}"
           f"{' ' + d.compute_type if d.engine == 'ctranslate2' else ''}, beam {d.beam_size}, alpha {d.alpha}, "
           f"stopping {d.stopping}{'' if v.exported else ', no CTranslate2 export'}; threads: torch {args.threads}, "
           f"CTranslate2 {args.inter_threads} x {args.intra_threads}; one-sentence requests from {len(sentences)} "
