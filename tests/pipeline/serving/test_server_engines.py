@@ -204,3 +204,28 @@ def test_the_load_bench_runs_each_engine_mlflows_server_and_a_swap_on_a_ctransla
         (line,) = [x for x in lines if x.startswith(goal)]
         assert float(line.split("=")[1].split()[0]) > 0, line   # printed, never asserted: a shared machine
     assert "errors=0" in lines and lines[-1].startswith("ratio=") and float(lines[-1].split("=")[1]) > 0
+
+
+def test_the_load_bench_can_put_the_server_on_its_own_cores_and_refuses_to_leave_the_clients_none(store):
+    bench = [sys.executable, str(REPO / "bench" / "serve_load.py"), "--name", NAME]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": store.uri}
+    every_core = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+    refused = subprocess.run([*bench, "--server-cpus", every_core], cwd=store.root, capture_output=True, text=True,
+                             timeout=120, env=env)
+    assert refused.returncode == 2 and "not a strict subset of this process's cores" in refused.stderr
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one core: no core is left for the clients")
+    server_core = min(os.sched_getaffinity(0))
+    store.champion("3")   # the version with a CTranslate2 export
+    try:
+        done = subprocess.run([*bench, "--server-cpus", str(server_core), "--levels", "1", "--requests-per-client",
+                               "3", "--engines", "ctranslate2", "--threads", "1", "--inter-threads", "1",
+                               "--intra-threads", "1", "--no-mlflow", "--no-swap"], cwd=store.root, capture_output=True,
+                              text=True, timeout=600, env=env)
+    finally:
+        store.champion("1")
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert f"(servers on cores [{server_core}], clients and references on the others)" in lines[0], lines[0]
+    (line,) = [x for x in lines if re.match(r"ours ctranslate2 +clients=1 ", x)]
+    assert "requests=3 errors=0" in line, line
