@@ -90,7 +90,9 @@ step() {   # step NAME CAP_SECONDS COMMAND...: run it under its cap, log it, pac
 environment() {
   {
     echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    echo "commit: $(git rev-parse --short HEAD 2>/dev/null || cat "$CARRY/commit.txt") (.gpu made for $(cat "$CARRY/commit.txt"))"
+    # The carried folder names the commit it was made for; a .git copied to the GPU machine may be stale
+    # (seen: the first campaign's said 579e75e for a tree at cfc5db8).
+    echo "commit: $(cat "$CARRY/commit.txt") (.gpu made for it; git HEAD there: $(git rev-parse --short HEAD 2>/dev/null || echo none))"
     echo "host cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>/dev/null \
       | sed 's/^/gpu: /' || echo "gpu: none"
