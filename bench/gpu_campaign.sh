@@ -13,7 +13,8 @@
 #   bench/gpu_campaign.sh rehearse --out DIR       # here: parts 1 and 2 on the CPU at tiny sizes
 #   bench/gpu_campaign.sh rehearse-all --out DIR   # here: all on the CPU at tiny sizes (rehearse-profile: profile)
 #
-# With the device tool: run(command="bench/gpu_campaign.sh 1 --out $OUT", carry=[".gpu"]), then 2.
+# With the device tool: run(command="bench/gpu_campaign.sh all --out $OUT", carry=[".gpu"], timeout_s=590)
+# (a 15-minute loan: one call), or 1 then 2 where the loan is longer.
 # Steps run in order of priority, each under a time cap (SIGINT, then SIGKILL); after each one the
 # folder is packed again into DIR/campaign-part<N>.tar.gz and DIR/summary-part<N>.md is rewritten, so a
 # command cut by its limit still returns every step that ended. No DVC and no MLflow there:

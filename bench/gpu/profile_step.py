@@ -25,17 +25,12 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench.train_throughput import SHAPES, Work, prepare, store_batches
+from bench.train_throughput import SHAPES, Work, _sync, prepare, store_batches
 from transformer import PAD_ID, Transformer, build_config
 from transformer.data import TokenStore
 from transformer.loss import label_smoothed_cross_entropy
 from transformer.precision import autocast
 from transformer.schedule import make_optimizer
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def step(model: torch.nn.Module, opt: torch.optim.Optimizer, w: Work, device: torch.device,

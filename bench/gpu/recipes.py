@@ -177,8 +177,10 @@ def main() -> None:
                 write_json(out, results)
 
     if args.parallel:   # every candidate starts now: each must fit in the whole budget
-        spaces = [Workspace(args.work, name, params, args.data, recipes[name]) for name, params in
-                  ((n, recipe_params(o or {}, rehearse)) for n, o in recipes.items()) if fits(name, params)]
+        for name, overrides in recipes.items():
+            params = recipe_params(overrides or {}, rehearse)
+            if fits(name, params):
+                spaces.append(Workspace(args.work, name, params, args.data, overrides))
         results["parallel"] = [ws.name for ws in spaces]
         write_json(out, results)
         with ThreadPoolExecutor(max_workers=max(1, len(spaces))) as pool:
