@@ -27,9 +27,14 @@ measured in the same run (an 8192^3 product) and MFU printed against both; with 
 memory of each model's training. The last lines are ``mfu=<ours>`` and ``ratio=<ours / reference>``
 of the median target tokens per second (``--no-reference``: no reference, no ratio).
 
+Ours trains as the trainer does, the output projection fused into the loss
+(``transformer.loss.projected_label_smoothed_cross_entropy``); ``--unfused-loss`` times it a second
+time in the same rounds with the logits made whole and the loss after them, and prints
+``fused_loss_ratio=<fused / unfused>``.
+
     python bench/train_throughput.py [--steps 20] [--rounds 5] [--precision auto] [--compile]
                                      [--device cpu|cuda] [--preset default|small|base|big] [--max-tokens N]
-                                     [--token-store DIR] [--no-reference] [--d-model N --layers N ...]
+                                     [--token-store DIR] [--no-reference] [--unfused-loss] [--d-model N --layers N ...]
 
 ``--precision auto`` (default) is what ``train.precision: auto`` resolves to on the device: bf16
 where it has fast bf16 products (AVX512-BF16/AMX CPU, GPU), else fp32.
@@ -52,7 +57,7 @@ from torch import nn
 
 from transformer import PAD_ID, Transformer, build_config
 from transformer.data import Batch, TokenBatchSampler, TokenStore, collate
-from transformer.loss import label_smoothed_cross_entropy
+from transformer.loss import LossOutput, label_smoothed_cross_entropy, projected_label_smoothed_cross_entropy
 from transformer.precision import autocast, resolve_precision
 from transformer.schedule import make_optimizer, make_scheduler
 
@@ -204,8 +209,21 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def batch_loss(model: nn.Module, batch: Batch, precision: str, device: torch.device,
+               fused_loss: bool = True) -> LossOutput:
+    """The trainer's loss for ours (the output projection fused into it, ``transformer.trainer``),
+    the plain label-smoothed loss over the logits for the reference (and for ours without ``fused_loss``)."""
+    core = getattr(model, "_orig_mod", model)  # ours under torch.compile
+    with autocast(precision, device):
+        if fused_loss and isinstance(core, Transformer):
+            hidden = model(batch.src, batch.tgt_in, project=False)
+            return projected_label_smoothed_cross_entropy(hidden, core.output.weight, batch.tgt_out, PAD_ID, 0.1)
+        logits = model(batch.src, batch.tgt_in)
+    return label_smoothed_cross_entropy(logits, batch.tgt_out, PAD_ID, 0.1)
+
+
 def throughput(model: nn.Module, work: list[Work], precision: str, steps: int, warmup: int, fused: bool,
-               d_model: int = D_MODEL, device: torch.device = CPU) -> tuple[float, float]:
+               d_model: int = D_MODEL, device: torch.device = CPU, fused_loss: bool = True) -> tuple[float, float]:
     """(target tokens per second, matrix-product FLOP/s) over ``steps`` updates after ``warmup`` untimed ones."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -218,14 +236,12 @@ def throughput(model: nn.Module, work: list[Work], precision: str, steps: int, w
             _sync(device)
             tokens, flops, start = 0, 0, time.perf_counter()
         w = work[i % len(work)]
-        with autocast(precision, device):
-            logits = model(w.batch.src, w.batch.tgt_in)
-        out = label_smoothed_cross_entropy(logits, w.batch.tgt_out, PAD_ID, 0.1)
+        out = batch_loss(model, w.batch, precision, device, fused_loss)
         (out.loss / w.target_tokens).backward()
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        del logits, out  # a base batch's logits are GBs: free them before the next forward
+        del out  # the reference's base batch's logits are GBs: free them before the next forward
         tokens += w.target_tokens
         flops += w.flops
     _sync(device)
@@ -300,6 +316,9 @@ def main() -> None:
                         help="cut the batches from this token store (its vocabulary replaces the preset's)")
     parser.add_argument("--no-reference", dest="reference", action="store_false",
                         help="time ours only (no torch.nn.Transformer, no ratio)")
+    parser.add_argument("--unfused-loss", action="store_true",
+                        help="also time ours with the logits made whole and the loss after them (the trainer "
+                             "before the projection was fused into the loss), in the same rounds")
     for name in ("d_model", "heads", "d_ff", "layers"):   # a smaller shape of the preset (rehearsals)
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help=f"override the preset's {name}")
     args = parser.parse_args()
@@ -339,7 +358,7 @@ def main() -> None:
     # A CPU's peak is measured in every round, in the training precision, and the best kept: a slow
     # spell of a shared machine during one measurement would otherwise lower the peak and raise MFU.
     peak_dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
-    refs, ours, peaks = [], [], []
+    refs, ours, unfused, peaks = [], [], [], []
     memory = {"reference": 0, "ours": 0}
     for r in range(args.rounds):
         window = work[r * args.steps:] + work[:r * args.steps]  # the same batches for both models
@@ -350,10 +369,14 @@ def main() -> None:
         ours.append(throughput(model, window, args.precision, args.steps, args.warmup, fused=True,
                                d_model=shape.d_model, device=device))
         memory["ours"] = max(memory["ours"], peak_memory(device))
+        if args.unfused_loss:
+            unfused.append(throughput(model, window, args.precision, args.steps, args.warmup, fused=True,
+                                      d_model=shape.d_model, device=device, fused_loss=False))
         if not on_gpu:
             peaks.append(measure_matmul_peak(device, peak_dtype, [(2048, 2048, 2048), (4096, 256, 1024)]))
         ref_text = f"reference {refs[-1][0]:,.0f}, " if refs else ""
-        print(f"round {r + 1}: {ref_text}ours {ours[-1][0]:,.0f} target tokens/s", flush=True)
+        unfused_text = f", ours with the unfused loss {unfused[-1][0]:,.0f}" if unfused else ""
+        print(f"round {r + 1}: {ref_text}ours {ours[-1][0]:,.0f}{unfused_text} target tokens/s", flush=True)
     if on_gpu:
         peak, peak_text = gpu_peak(device)
         measured, how = measure_matmul_peak(device, torch.bfloat16, [(8192, 8192, 8192)])
@@ -379,6 +402,10 @@ def main() -> None:
           f"{_flops_text(our_rate, device)}, MFU {our_rate / peak:.3f}")
     print(f"preset {shape.preset} on {device.type}: {np.mean([w.flops for w in work]) / 1e9:,.1f} GFLOP per step "
           f"(matrix products, 3x forward), {np.mean([w.target_tokens for w in work]):,.0f} target tokens per batch")
+    if unfused:
+        plain = float(np.median([t for t, _ in unfused]))
+        print(f"transformer package, the logits made whole and the loss after them: {plain:,.0f} target tokens/s "
+              f"(median of {args.rounds}); fused_loss_ratio={our / plain:.2f}")
     if our_rate > peak:  # seen on an AVX2-only CPU, whose bf16 products run a slow shape-dependent fallback
         print(f"note: ours ran its products faster than the measured peak: this {args.precision} 'peak' is not "
               f"the device's, and MFU above 1 means nothing here")

@@ -124,9 +124,10 @@ class Transformer(nn.Module):
 
     def decode(
         self, tgt: Tensor, memory: Tensor, src_mask: Tensor, cache: DecoderCache | None = None,
-        weights: AttentionWeights | None = None,
+        weights: AttentionWeights | None = None, project: bool = True,
     ) -> Tensor:
-        """Decoder stack and output projection (§3.1, §3.4). tgt (B, T) -> logits (B, T, V).
+        """Decoder stack and output projection (§3.1, §3.4). tgt (B, T) -> logits (B, T, V), or
+        with ``project=False`` the states before the projection, (B, T, D).
 
         With ``cache``, tgt holds only positions cache.length .. cache.length+T-1. ``memory``
         (M, S, D) and ``src_mask`` (M, 1, 1, S) may hold one row per group of B / M consecutive
@@ -142,7 +143,8 @@ class Transformer(nn.Module):
                 self_weights_out=weights.decoder_self if weights is not None else None,
                 cross_weights_out=weights.cross if weights is not None else None,
             )
-        return self.output(self.decoder_norm(x))
+        x = self.decoder_norm(x)
+        return self.output(x) if project else x
 
     def new_cache(self) -> DecoderCache:
         """An empty cache for ``decode``/``decode_step``: filled by the first step."""
@@ -170,10 +172,13 @@ class Transformer(nn.Module):
                 layer_cache.reorder(sentences)
         return memory[sentences], src_mask[sentences]
 
-    def forward(self, src: Tensor, tgt_in: Tensor, weights: AttentionWeights | None = None) -> Tensor:
-        """Teacher-forced logits: src (B, S), tgt_in (B, T) starting with BOS -> (B, T, V)."""
+    def forward(self, src: Tensor, tgt_in: Tensor, weights: AttentionWeights | None = None,
+                project: bool = True) -> Tensor:
+        """Teacher-forced logits: src (B, S), tgt_in (B, T) starting with BOS -> (B, T, V); with
+        ``project=False`` the decoder's output states (B, T, D), for a loss that projects them itself
+        (``transformer.loss.projected_label_smoothed_cross_entropy`` with ``self.output.weight``)."""
         memory, src_mask = self.encode(src, weights)
-        return self.decode(tgt_in, memory, src_mask, weights=weights)
+        return self.decode(tgt_in, memory, src_mask, weights=weights, project=project)
 
     def num_parameters(self) -> int:
         """Distinct trainable parameters (a tied matrix counts once)."""

@@ -35,7 +35,7 @@ from .checkpoint_files import (  # noqa: F401  (API: the pipeline lists checkpoi
 )
 from .data import TokenBatchSampler, TokenStore, collate
 from .errors import CheckpointError, NonFiniteLossError, OutOfMemoryError  # noqa: F401  (API)
-from .loss import label_smoothed_cross_entropy
+from .loss import projected_label_smoothed_cross_entropy
 from .model import Transformer
 from .precision import autocast, check_precision, default_device, resolve_precision
 from .resume import describe, differences, newest_checkpoint
@@ -415,8 +415,9 @@ class Trainer:
             try:
                 with ctx:
                     with autocast(self.precision, self.device):
-                        logits = self.forward_model(batch.src, batch.tgt_in)
-                    out = label_smoothed_cross_entropy(logits, batch.tgt_out, self.pad_id, c.label_smoothing)
+                        hidden = self.forward_model(batch.src, batch.tgt_in, project=False)
+                        out = projected_label_smoothed_cross_entropy(
+                            hidden, self.model.output.weight, batch.tgt_out, self.pad_id, c.label_smoothing)
                     self.scaler.scale(out.loss * norm).backward()
             except torch.OutOfMemoryError as err:
                 rows, width = batch.tgt_in.shape
@@ -478,8 +479,9 @@ class Trainer:
         for idx in sampler.batches(0):
             batch = collate(data, idx, c.pad_multiple).to(self.device)
             with autocast(self.precision, self.device):
-                logits = self.model(batch.src, batch.tgt_in)
-            out = label_smoothed_cross_entropy(logits, batch.tgt_out, self.pad_id, c.label_smoothing)
+                hidden = self.model(batch.src, batch.tgt_in, project=False)
+                out = projected_label_smoothed_cross_entropy(
+                    hidden, self.model.output.weight, batch.tgt_out, self.pad_id, c.label_smoothing)
             loss += float(out.loss)
             nll += float(out.nll)
             tokens += int(out.n_tokens)

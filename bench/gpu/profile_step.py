@@ -7,7 +7,8 @@ with the model. This script separates the candidates on the same batches as
 
 1. steps over batches of changing shapes (as the trainer and the bench run), each timed alone;
 2. the same batch repeated (one shape: the caching allocator and the kernels' choices settle);
-3. one step split into forward, loss, backward and optimizer (synchronised between them);
+3. one step split into forward (to the decoder's states), loss (the output projection fused into it,
+   its gradients included, as the trainer runs it), backward and optimizer (synchronised between them);
 4. ``torch.profiler`` over a few changing-shape steps: the operators taking the most GPU and CPU time.
 
     python -m bench.gpu.profile_step --token-store .gpu/wmt14/train [--device cuda] [--steps 8]
@@ -28,7 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 from bench.train_throughput import SHAPES, Work, _sync, prepare, store_batches
 from transformer import PAD_ID, Transformer, build_config
 from transformer.data import TokenStore
-from transformer.loss import label_smoothed_cross_entropy
+from transformer.loss import projected_label_smoothed_cross_entropy
 from transformer.precision import autocast
 from transformer.schedule import make_optimizer
 
@@ -44,9 +45,10 @@ def step(model: torch.nn.Module, opt: torch.optim.Optimizer, w: Work, device: to
             marks.append(time.perf_counter())
 
     with autocast("bf16", device):
-        logits = model(w.batch.src, w.batch.tgt_in)
-    mark()
-    out = label_smoothed_cross_entropy(logits, w.batch.tgt_out, PAD_ID, 0.1)
+        hidden = model(w.batch.src, w.batch.tgt_in, project=False)
+        mark()
+        # The trainer's loss: the output projection, the loss and their gradients, chunk by chunk.
+        out = projected_label_smoothed_cross_entropy(hidden, model.output.weight, w.batch.tgt_out, PAD_ID, 0.1)
     mark()
     (out.loss / w.target_tokens).backward()
     mark()

@@ -67,11 +67,17 @@ def bleu_lc_tok(hypotheses: list[str], tokenized_references: list[str], lang: st
 
     Raises ``ValueError`` when the two lists differ in length or are empty.
     """
-    if len(hypotheses) != len(tokenized_references):
-        raise ValueError(f"{KEY}: {len(hypotheses)} hypotheses but {len(tokenized_references)} references")
+    return _bleu_of_tokenized(lc_norm_tok(hypotheses, lang), tokenized_references, lang, references)
+
+
+def _bleu_of_tokenized(tokenized_hypotheses: list[str], tokenized_references: list[str], lang: str,
+                       references: str) -> PaperBleu:
+    """``bleu_lc_tok`` of hypotheses already put through ``lc_norm_tok``."""
+    if len(tokenized_hypotheses) != len(tokenized_references):
+        raise ValueError(f"{KEY}: {len(tokenized_hypotheses)} hypotheses but {len(tokenized_references)} references")
     if not tokenized_references:
         raise ValueError(f"{KEY}: no sentences to score")
-    b = multi_bleu(lc_norm_tok(hypotheses, lang), list(tokenized_references))
+    b = multi_bleu(tokenized_hypotheses, list(tokenized_references))
     return PaperBleu(score=float(b.score), description=describe(lang, references), counts=tuple(b.counts),
                      totals=tuple(b.totals), bp=float(b.bp), sys_len=int(b.sys_len), ref_len=int(b.ref_len))
 
@@ -81,10 +87,11 @@ def literature_score(hypotheses: list[str], tokenized_references: list[str], lan
     """``{bleu_lc_tok, bleu_lc_tok_description}``: the entries a report gets beside sacreBLEU's; with
     ``bootstrap`` > 1 also ``bleu_lc_tok_ci95``, the half-width of its 95% confidence interval over that
     many resamples of the sentences (sacreBLEU's bootstrap, as for the cased BLEU)."""
-    result = bleu_lc_tok(hypotheses, tokenized_references, lang, references)
+    tokenized = lc_norm_tok(hypotheses, lang)  # once, for the score and its bootstrap
+    result = _bleu_of_tokenized(tokenized, tokenized_references, lang, references)
     scores: dict[str, Any] = {KEY: round(result.score, 2)}
     if bootstrap > 1:
         metric = sacrebleu.BLEU(smooth_method="none", tokenize="none", lowercase=False, force=True)
-        _, half_width = bootstrap_ci(metric, lc_norm_tok(hypotheses, lang), list(tokenized_references), bootstrap)
+        _, half_width = bootstrap_ci(metric, tokenized, list(tokenized_references), bootstrap)
         scores[f"{KEY}_ci95"] = round(half_width, 2)
     return {**scores, f"{KEY}_description": result.description}

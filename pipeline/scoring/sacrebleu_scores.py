@@ -48,7 +48,7 @@ def score(hypotheses: list[str], references: list[str], bootstrap: int = 0) -> d
     """Corpus BLEU and chrF of detokenized text, sacrebleu's defaults (13a tokenization, cased),
     and the hypothesis/reference length ratio (below 1: the brevity penalty bites). With
     ``bootstrap`` > 1 also ``bleu_ci95``: the half-width of BLEU's 95% confidence interval over that
-    many resamples (the signature then names them: ``bs:<n>|rs:<seed>``)."""
+    many resamples (the signature then names them and the seed: ``bs:1000|seed:12345``)."""
     bleu, chrf = sacrebleu.BLEU(), sacrebleu.CHRF()
     b = bleu.corpus_score(hypotheses, [references])
     c = chrf.corpus_score(hypotheses, [references])

@@ -74,8 +74,6 @@ from transformer.search import attention_weights
 PAPER_KEY = "bleu_tok_compound_split"
 # reports/metrics.json's per-set scores and decoding settings; the rest is reports/evaluate/scores.json's.
 HEADLINE_SCORES = ("bleu", "bleu_ci95", "chrf", PAPER_KEY, LITERATURE_KEY, f"{LITERATURE_KEY}_ci95")
-# Test sets report BLEU's 95% confidence interval over this many bootstrap resamples (sacreBLEU's, seeded).
-TEST_BOOTSTRAP = BOOTSTRAP_RESAMPLES
 HEADLINE_DECODING = ("beam_size", "alpha", "stopping", "engine", "compute_type")
 FALLBACK = "fallback"   # the engine's source where CTranslate2 could not decode here and torch did
 
@@ -174,7 +172,7 @@ def evaluate(params: Sections) -> dict[str, Any]:
         hypotheses = translator.translate(sources)
         seconds = time.monotonic() - start
         write_lines(paths.TRANSLATIONS_DIR / f"{test_set}.{data.tgt_lang}", hypotheses)
-        tests[test_set] = {**score(hypotheses, references, TEST_BOOTSTRAP), "sentences": len(sources)}
+        tests[test_set] = {**score(hypotheses, references, BOOTSTRAP_RESAMPLES), "sentences": len(sources)}
         decode_seconds[test_set] = seconds
         m = tests[test_set]
         print(f"{test_set}: BLEU {m['bleu']:.2f} ± {m['bleu_ci95']:.2f}  chrF {m['chrf']:.2f}  "
@@ -183,7 +181,7 @@ def evaluate(params: Sections) -> dict[str, Any]:
             tests[test_set].update(paper_score(hypotheses, references, data.tgt_lang))
             print(f"{test_set}: {PAPER_KEY} {tests[test_set][PAPER_KEY]:.2f}, as the paper measured BLEU "
                   f"(not sacreBLEU): {tests[test_set][PAPER_KEY + '_description']}", flush=True)
-        tests[test_set].update(literature(hypotheses, test_set, data.tgt_lang, TEST_BOOTSTRAP))
+        tests[test_set].update(literature(hypotheses, test_set, data.tgt_lang, BOOTSTRAP_RESAMPLES))
         if LITERATURE_KEY in tests[test_set]:
             print(f"{test_set}: {LITERATURE_KEY} {tests[test_set][LITERATURE_KEY]:.2f} "
                   f"± {tests[test_set][LITERATURE_KEY + '_ci95']:.2f}, "

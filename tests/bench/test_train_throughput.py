@@ -53,6 +53,20 @@ def test_train_bench_runs_and_prints_both_speeds_mfu_and_their_ratio(tmp_path):
     assert lines[-1].startswith("ratio=")
     assert float(lines[-1].split("=")[1]) == pytest.approx(float(ours.group(1).replace(",", "")) / reference, abs=0.01)
 
+def test_unfused_loss_is_timed_in_the_same_rounds_and_compared(tmp_path):
+    """--unfused-loss: ours a second time with whole logits, each round, and the fused/unfused ratio."""
+    result = run_bench("train_throughput.py", ["--steps", "2", "--rounds", "2", "--warmup", "0", "--max-tokens", "512",
+                                               "--precision", "fp32", "--no-reference", "--unfused-loss"], tmp_path)
+    rounds = re.findall(r"round \d: ours ([\d,]+), ours with the unfused loss ([\d,]+) target tokens/s", result.stdout)
+    assert len(rounds) == 2
+    fused = float(re.search(r"transformer package fp32 eager, .*: ([\d,]+) target tokens/s", result.stdout)
+                  .group(1).replace(",", ""))
+    plain = re.search(r"the loss after them: ([\d,]+) target tokens/s \(median of 2\); fused_loss_ratio=([\d.]+)",
+                      result.stdout)
+    assert plain, result.stdout
+    assert float(plain.group(2)) == pytest.approx(fused / float(plain.group(1).replace(",", "")), abs=0.01)
+    assert result.stdout.strip().splitlines()[-1].startswith("mfu=")  # no reference, no ratio=
+
 
 @pytest.mark.parametrize("preset", ["small", "base"])
 def test_step_flops_equal_pytorchs_count_of_a_training_step(preset):

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer.loss import label_smoothed_cross_entropy
+from transformer.loss import CHUNK_ELEMENTS, label_smoothed_cross_entropy, projected_label_smoothed_cross_entropy
 
 PAD = 0
 # B=1, T=3, V=4; the last position is padding.
@@ -148,3 +148,134 @@ def test_loss_of_bf16_autocast_logits_is_computed_in_float32():
     in_bf16 = F.cross_entropy(logits.flatten(0, 1), tgt.reshape(-1), ignore_index=PAD, reduction="sum")
     assert in_bf16.dtype == torch.bfloat16
     assert abs(in_bf16.item() - nll) / nll > 1e-4  # the test would see a bf16 computation
+
+
+# --- the projection fused into the loss (training's path) -------------------------------------
+
+def projected_case(seed=0, batch=5, width=9, d=16, vocab=40, scale=1.0):
+    """Decoder states, a weight and targets with padding at the ends of some rows."""
+    torch.manual_seed(seed)
+    hidden = torch.randn(batch, width, d)
+    weight = scale * torch.randn(vocab, d) / d**0.5
+    target = torch.randint(1, vocab, (batch, width))
+    target[1, 6:] = PAD
+    target[3, 2:] = PAD
+    return hidden, weight, target
+
+
+def both_losses(hidden, weight, target, eps=0.1, autocast_dtype=None):
+    """(loss output, hidden grad, weight grad) of the unfused and the fused path, loss scaled by 0.5."""
+    results = []
+    for fused in (False, True):
+        h = hidden.clone().requires_grad_()
+        w = weight.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
+            if fused:
+                out = projected_label_smoothed_cross_entropy(h, w, target, PAD, epsilon=eps)
+            else:
+                out = label_smoothed_cross_entropy(F.linear(h, w), target, PAD, epsilon=eps)
+        (0.5 * out.loss).backward()
+        results.append((out, h.grad, w.grad))
+    return results
+
+
+@pytest.mark.parametrize("chunk_elements", [40 * 3, 40 * 7, 1 << 21])  # 3 and 7 rows a chunk, and one chunk
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_projected_loss_equals_the_unfused_loss_in_float32(monkeypatch, chunk_elements, eps):
+    """The same sums and gradients as the projection followed by ``label_smoothed_cross_entropy``,
+    whatever the chunking (row counts that do not divide the 33 real rows)."""
+    monkeypatch.setitem(CHUNK_ELEMENTS, "cpu", chunk_elements)
+    hidden, weight, target = projected_case()
+    (plain, h_plain, w_plain), (fused, h_fused, w_fused) = both_losses(hidden, weight, target, eps)
+    assert int(fused.n_tokens) == int(plain.n_tokens) == 45 - 3 - 7
+    assert fused.loss.item() == pytest.approx(plain.loss.item(), rel=1e-6)
+    assert fused.nll.item() == pytest.approx(plain.nll.item(), rel=1e-6)
+    assert fused.loss.requires_grad and not fused.nll.requires_grad
+    assert h_fused.dtype == w_fused.dtype == torch.float32
+    assert torch.allclose(h_fused, h_plain, rtol=1e-5, atol=1e-7)
+    assert torch.allclose(w_fused, w_plain, rtol=1e-5, atol=1e-7)
+    assert float(h_fused[3, 2:].abs().max()) == 0.0  # no gradient at pads
+
+
+def test_projected_loss_under_bf16_autocast_is_the_unfused_arithmetic():
+    """bf16 products, float32 log-softmax, as the unfused path under autocast: the same loss to
+    float32 rounding, the gradients to bf16 rounding (each is a bf16 product in both paths)."""
+    hidden, weight, target = projected_case(d=64, vocab=300)
+    (plain, h_plain, w_plain), (fused, h_fused, w_fused) = both_losses(hidden, weight, target,
+                                                                       autocast_dtype=torch.bfloat16)
+    assert fused.loss.dtype == fused.nll.dtype == torch.float32
+    assert fused.loss.item() == pytest.approx(plain.loss.item(), rel=1e-5)
+    assert fused.nll.item() == pytest.approx(plain.nll.item(), rel=1e-5)
+    assert h_fused.dtype == torch.float32
+    for ours, theirs in ((h_fused, h_plain), (w_fused, w_plain)):
+        assert float((ours - theirs).abs().max()) <= 2e-2 * float(theirs.abs().max())
+    # And bf16 it is: a float32 computation would be closer to float64 than bf16 rounding allows.
+    _, nll64 = float64_losses(F.linear(hidden, weight), target, 0.1)
+    assert abs(fused.nll.item() - nll64) / nll64 > 1e-6
+
+
+def test_projected_loss_with_extreme_logits():
+    """Log-probabilities far below -87 (untrained tied embeddings at a large vocabulary): the
+    clamped exponent leaves the loss and the gradients as they are."""
+    hidden, weight, target = projected_case(d=32, vocab=200, scale=60.0)
+    (plain, h_plain, w_plain), (fused, h_fused, w_fused) = both_losses(hidden, weight, target)
+    assert float(F.log_softmax(F.linear(hidden, weight), -1).min()) < -200
+    assert fused.loss.item() == pytest.approx(plain.loss.item(), rel=1e-6)
+    assert torch.allclose(h_fused, h_plain, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(w_fused, w_plain, rtol=1e-5, atol=1e-6)
+
+
+def test_projected_loss_without_gradients_builds_no_graph():
+    """Validation: under no_grad the same sums, nothing kept for a backward pass."""
+    hidden, weight, target = projected_case()
+    with torch.no_grad():
+        out = projected_label_smoothed_cross_entropy(hidden, weight.requires_grad_(), target, PAD)
+    plain = label_smoothed_cross_entropy(F.linear(hidden, weight.detach()), target, PAD)
+    assert out.loss.grad_fn is None and not out.loss.requires_grad
+    assert out.loss.item() == pytest.approx(plain.loss.item(), rel=1e-6)
+    assert int(out.n_tokens) == int(plain.n_tokens)
+
+
+def test_projected_loss_of_only_padding_is_zero():
+    hidden, weight, target = projected_case()
+    h = hidden.clone().requires_grad_()
+    out = projected_label_smoothed_cross_entropy(h, weight, torch.full_like(target, PAD), PAD)
+    out.loss.backward()
+    assert out.loss.item() == 0.0 and int(out.n_tokens) == 0 and float(h.grad.abs().max()) == 0.0
+
+
+def test_projected_loss_under_fp16_autocast_takes_the_unfused_path():
+    """fp16 trains with a loss scaler, which must scale the gradient before the bf16/fp16 product
+    flushes its small values: the fused path is not taken there (the same bits as unfused)."""
+    hidden, weight, target = projected_case()
+    (plain, h_plain, w_plain), (fused, h_fused, w_fused) = both_losses(hidden, weight, target,
+                                                                       autocast_dtype=torch.float16)
+    assert torch.equal(fused.loss, plain.loss) and torch.equal(h_fused, h_plain) and torch.equal(w_fused, w_plain)
+
+
+def test_model_gradients_through_the_fused_loss_equal_the_unfused():
+    """The trainer's path (decoder states, the tied output weight, the fused loss) gives every
+    parameter the gradient the logits path gives it, the tied embedding's included."""
+    from transformer.config import build_config
+    from transformer.model import Transformer
+
+    torch.manual_seed(0)
+    model = Transformer(build_config("tiny", 300)).eval()
+    src = torch.randint(4, 300, (6, 11))
+    tgt_in = torch.randint(4, 300, (6, 9))
+    tgt_out = torch.randint(4, 300, (6, 9))
+    tgt_out[2, 5:] = PAD
+    grads = []
+    for fused in (False, True):
+        model.zero_grad()
+        if fused:
+            hidden = model(src, tgt_in, project=False)
+            assert hidden.shape == (6, 9, model.config.d_model)
+            out = projected_label_smoothed_cross_entropy(hidden, model.output.weight, tgt_out, PAD)
+        else:
+            out = label_smoothed_cross_entropy(model(src, tgt_in), tgt_out, PAD)
+        out.loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    assert grads[0].keys() == grads[1].keys()
+    for name, plain in grads[0].items():
+        assert torch.allclose(grads[1][name], plain, rtol=1e-4, atol=1e-6), name
