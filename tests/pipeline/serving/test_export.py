@@ -102,8 +102,9 @@ def test_log_probabilities_match_random_weights(name, tokenizer_file, tmp_path):
         torch.testing.assert_close(torch.tensor(result.log_probs), ours, atol=1e-4, rtol=0)
 
 
-def train_copy(overrides: dict, steps: int = 400) -> Transformer:
-    """``tiny`` trained to copy 4-8 ids out of 20 (400 updates, about 6 s on one thread)."""
+def train_copy(overrides: dict, steps: int = 500) -> Transformer:
+    """``tiny`` trained to copy 4-8 ids out of 20 (500 updates, about 7 s on one thread: after 400,
+    post-LN copied 28 of the 30 in-distribution probes, which left int8 one sentence from its bar)."""
     rng = np.random.default_rng(0)
     pairs = [(s, s) for s in (rng.integers(4, VOCAB, size=rng.integers(4, 9)).tolist() for _ in range(3000))]
     with tempfile.TemporaryDirectory() as tmp:
