@@ -19,6 +19,9 @@ class TrainConfig:
     training checkpoint) whose weights a new training starts from: fine-tuning. Only the weights
     are taken; the optimiser (Adam's moments) and the learning-rate schedule (eq. 3) start fresh,
     warm-up included, as in a training from scratch.
+
+    ``cooldown_steps`` (0 = eq. 3 throughout, the paper's) brings the rate of the last
+    ``cooldown_steps`` of ``max_steps`` updates linearly down (``schedule.cooldown_factor``).
     """
 
     max_tokens: int = 4096
@@ -29,6 +32,7 @@ class TrainConfig:
     clip_norm: float = 0.0
     weight_decay: float = 0.0
     max_steps: int = 0
+    cooldown_steps: int = 0
     max_epochs: int = 0
     max_minutes: float = 0.0
     precision: str = "fp32"
@@ -49,7 +53,7 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"TrainConfig.{name} must be a positive integer, got {value!r}")
-        for name in ("max_steps", "max_epochs", "validate_every", "checkpoint_every_steps", "seed"):
+        for name in ("max_steps", "cooldown_steps", "max_epochs", "validate_every", "checkpoint_every_steps", "seed"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"TrainConfig.{name} must be a non-negative integer, got {value!r}")
@@ -62,6 +66,9 @@ class TrainConfig:
         if not (self.max_steps or self.max_epochs or self.max_minutes):
             raise ValueError("TrainConfig.max_steps, TrainConfig.max_epochs and TrainConfig.max_minutes are all 0: "
                              "set a limit")
+        if self.cooldown_steps and not 0 < self.cooldown_steps <= self.max_steps:
+            raise ValueError(f"TrainConfig.cooldown_steps ({self.cooldown_steps}) must be at most max_steps "
+                             f"({self.max_steps}): the cool-down is the last updates of a training of max_steps")
         if self.precision not in PRECISIONS:
             raise ValueError(f"TrainConfig.precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.nan_policy not in ("skip", "stop"):

@@ -39,7 +39,7 @@ from .loss import projected_label_smoothed_cross_entropy
 from .model import Transformer
 from .precision import autocast, check_precision, default_device, resolve_precision
 from .resume import describe, differences, newest_checkpoint
-from .schedule import make_optimizer, make_scheduler
+from .schedule import make_optimizer, make_scheduler, rates_agree
 from .stopping import StopVote, agree, stop_signals
 from .train_config import TrainConfig
 from .train_log import LogWindow
@@ -47,7 +47,7 @@ from .train_log import LogWindow
 # TrainConfig fields that may change between a checkpoint and its resumption. ``init_from`` is a
 # path: what counts is the file's content, its sha256 (``Trainer.fingerprint``'s "init"), so a moved
 # copy of the same file resumes and other bytes at the same path restart.
-RESUMABLE_CHANGES = {"max_steps", "max_epochs", "max_minutes", "log_every", "validate_every",
+RESUMABLE_CHANGES = {"max_steps", "cooldown_steps", "max_epochs", "max_minutes", "log_every", "validate_every",
                      "checkpoint_every_steps", "checkpoint_every_minutes", "keep_checkpoints", "device",
                      "compile", "nan_policy", "init_from"}
 
@@ -114,7 +114,8 @@ class Trainer:
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.callbacks = callbacks or []
         self.optimizer = make_optimizer(model.parameters(), weight_decay=config.weight_decay)
-        self.scheduler = make_scheduler(self.optimizer, model.config.d_model, config.warmup_steps, config.lr_scale)
+        self.scheduler = make_scheduler(self.optimizer, model.config.d_model, config.warmup_steps, config.lr_scale,
+                                        config.max_steps, config.cooldown_steps)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16" and self.device.type == "cuda")
         self.sampler = TokenBatchSampler(
             train_data.lengths["src"], train_data.lengths["tgt"], config.max_tokens, seed=config.seed,
@@ -190,6 +191,8 @@ class Trainer:
 
         Limits (max_steps, max_epochs, max_minutes), logging and checkpoint intervals are left
         out: raising a limit and resuming gives the same result as training longer from scratch.
+        So is the cool-down (``cooldown_steps``, which moves with ``max_steps``): ``resume`` accepts a
+        checkpoint whose updates had the rates the new settings give them (``schedule.rates_agree``).
         """
         train = {k: v for k, v in asdict(self.config).items() if k not in RESUMABLE_CHANGES}
         data = hashlib.sha1(self.train_data.offsets["src"].tobytes() + self.train_data.offsets["tgt"].tobytes())
@@ -218,6 +221,12 @@ class Trainer:
         if state is None:
             return None
         changes = differences(state.get("fingerprint", {}), self.fingerprint())
+        # max_steps and cooldown_steps are resumable while the updates already made had the same rates.
+        saved = state.get("train_config", {})
+        old_cooldown = (saved.get("max_steps", 0), saved.get("cooldown_steps", 0))
+        new_cooldown = (self.config.max_steps, self.config.cooldown_steps)
+        if not rates_agree(state["step"], old_cooldown, new_cooldown):
+            changes["train.(max_steps, cooldown_steps)"] = (old_cooldown, new_cooldown)
         if changes:
             described = describe(changes)
             if on_change != "restart":

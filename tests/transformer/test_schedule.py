@@ -3,7 +3,14 @@
 import pytest
 import torch
 
-from transformer.schedule import inverse_sqrt_lr, make_optimizer, make_scheduler
+from transformer.schedule import (
+    cooldown_factor,
+    inverse_sqrt_lr,
+    learning_rate,
+    make_optimizer,
+    make_scheduler,
+    rates_agree,
+)
 
 
 def paper_lr(step, d_model=512, warmup=4000):
@@ -95,3 +102,36 @@ def test_scheduler_state_round_trip():
     opt2.step()
     sched2.step()
     assert opt2.param_groups[0]["lr"] == pytest.approx(inverse_sqrt_lr(27, 64, 10), rel=1e-12)
+
+
+def test_cooldown_factor_falls_linearly_over_the_last_updates():
+    # max_steps 10, cool-down 4: updates 1-6 at eq. 3's rate, 7-10 at 4/4, 3/4, 2/4, 1/4 of it.
+    assert [cooldown_factor(n, 10, 4) for n in range(1, 11)] == [1.0] * 6 + [1.0, 0.75, 0.5, 0.25]
+    assert [cooldown_factor(n, 10, 0) for n in (1, 10, 11)] == [1.0, 1.0, 1.0]   # none: eq. 3 alone
+    assert cooldown_factor(10, 10, 10) == 0.1 and cooldown_factor(1, 10, 10) == 1.0
+    assert cooldown_factor(12, 10, 4) == 0.25   # past max_steps (the scheduler's rate after the last update)
+    assert learning_rate(8, 64, 4, 2.0, 10, 4) == pytest.approx(0.75 * inverse_sqrt_lr(8, 64, 4, 2.0), rel=1e-12)
+    # Without a cool-down the rate is eq. 3's to the last bit (the default run's weights do not move).
+    assert all(learning_rate(n, 256, 300, 0.6) == inverse_sqrt_lr(n, 256, 300, 0.6) for n in range(1, 5000, 37))
+
+
+def test_scheduler_with_cooldown_gives_each_update_its_rate():
+    param = torch.nn.Parameter(torch.zeros(()))
+    opt = make_optimizer([param], fused=False)
+    sched = make_scheduler(opt, 64, 4, scale=1.0, max_steps=10, cooldown_steps=4)
+    seen = []
+    for _ in range(10):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    expected = [inverse_sqrt_lr(n, 64, 4) * f for n, f in zip(range(1, 11), [1.0] * 7 + [0.75, 0.5, 0.25])]
+    assert seen == pytest.approx(expected, rel=1e-12)
+
+
+def test_rates_agree_while_the_updates_made_had_the_same_rates():
+    assert rates_agree(7, (10, 4), (20, 4))       # the first cooled update (7) keeps 4/4 of eq. 3
+    assert not rates_agree(8, (10, 4), (20, 4))   # update 8 was cooled in the first only
+    assert rates_agree(10, (10, 4), (10, 4))      # the same schedule
+    assert rates_agree(100, (10, 0), (50, 0))     # eq. 3 alone: any limit
+    assert rates_agree(7, (10, 0), (10, 4)) and not rates_agree(8, (10, 0), (10, 4))
+    assert not rates_agree(10, (10, 4), (10, 5))

@@ -178,6 +178,30 @@ def test_resume_after_a_settings_change_restarts_or_continues(store, tmp_path):
     assert list_checkpoints(tmp_path / "c") == []
 
 
+def test_cooldown_resumes_where_the_updates_made_had_its_rates(store, tmp_path):
+    """A cool-down (the last ``cooldown_steps`` of ``max_steps``) continues a checkpoint made before it
+    starts, to the weights of a cooled training from scratch; after it, a raised limit cannot continue."""
+    Trainer(tiny_model(vocab_size=30), config(max_steps=4, checkpoint_every_steps=2), store,
+            checkpoint_dir=tmp_path / "c").train()
+    cooled = Trainer(tiny_model(vocab_size=30), config(max_steps=8, cooldown_steps=4, checkpoint_every_steps=2),
+                     store, checkpoint_dir=tmp_path / "c")
+    assert cooled.resume() is not None and cooled.step == 4   # updates 1-4 had eq. 3's rates in both
+    cooled.train()
+    assert cooled.step == 8
+    assert cooled.scheduler.get_last_lr()[0] == pytest.approx(inverse_sqrt_lr(9, 32, 4) / 4, rel=1e-12)
+    straight = Trainer(tiny_model(vocab_size=30), config(max_steps=8, cooldown_steps=4), store)
+    straight.train()
+    for a, b in zip(cooled.model.state_dict().values(), straight.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    eq3_only = Trainer(tiny_model(vocab_size=30), config(max_steps=8), store)
+    eq3_only.train()
+    assert not torch.equal(eq3_only.model.output.weight, straight.model.output.weight)
+    longer = Trainer(tiny_model(vocab_size=30), config(max_steps=12, cooldown_steps=4), store,
+                     checkpoint_dir=tmp_path / "c")
+    with pytest.raises(ValueError, match=r"train\.\(max_steps, cooldown_steps\): \(8, 4\) -> \(12, 4\)"):
+        longer.resume()
+
+
 # ---------------------------------------------------------------- init_from
 def save_init(path, seed, **overrides):
     save_checkpoint(path, model_checkpoint(tiny_model(vocab_size=30, seed=seed, **overrides),
@@ -401,6 +425,8 @@ def test_sigterm_saves_a_checkpoint_and_a_resume_trains_on_to_the_same_weights(s
     ("max_tokens", 0, "TrainConfig.max_tokens must be a positive integer"),
     ("update_freq", 1.5, "TrainConfig.update_freq must be a positive integer"),
     ("max_steps", -1, "TrainConfig.max_steps must be a non-negative integer"),
+    ("cooldown_steps", -2, "TrainConfig.cooldown_steps must be a non-negative integer"),
+    ("cooldown_steps", 5, r"TrainConfig.cooldown_steps \(5\) must be at most max_steps \(3\)"),
     ("lr_scale", -1.0, "TrainConfig.lr_scale must be a non-negative number"),
     ("label_smoothing", 1.0, r"TrainConfig.label_smoothing must be in \[0, 1\)"),
     ("nan_policy", "ignore", "TrainConfig.nan_policy"),

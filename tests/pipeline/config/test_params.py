@@ -79,6 +79,8 @@ BAD = [
     (setter("train", "max_tokens", "many"), "params.yaml: train.max_tokens must be an integer, got 'many'"),
     (setter("train", "update_freq", 0), "params.yaml: train.update_freq must be a positive integer, got 0"),
     (setter("train", "lr_scale", -1.0), "params.yaml: train.lr_scale must be a non-negative number, got -1.0"),
+    (setter("train", "cooldown_steps", 99999),
+     "params.yaml: train.cooldown_steps (99999) must be at most max_steps ("),
     (setter("train", "label_smoothing", 1.0), "params.yaml: train.label_smoothing must be in [0, 1), got 1.0"),
     (setter("train", "precision", "fp8"),
      "params.yaml: train.precision must be one of ('auto', 'fp32', 'bf16', 'fp16'), got 'fp8'"),
