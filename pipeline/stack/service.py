@@ -26,6 +26,7 @@ class Service(ABC):
     stop_signal: int = signal.SIGTERM
     stop_group: bool = True          # the recorded PID leads a process group of its own (started detached)
     start_timeout_s: float = 60.0
+    stop_timeout_s: float = 30.0     # after the stop signal, SIGKILL to what is left
 
     def __init__(self, settings: StackSettings, secrets: StackSecrets) -> None:
         self.settings, self.secrets = settings, secrets
@@ -68,7 +69,7 @@ class Service(ABC):
         leftovers of its group; False if nothing of it was running."""
         pid = self.pid()
         if pid is not None:
-            stop_pid(pid, self.stop_signal, group=self.stop_group)
+            stop_pid(pid, self.stop_signal, timeout_s=self.stop_timeout_s, group=self.stop_group)
         record = read_record(self.pid_file)
         # The leader gone (now, or in a crash), what is left of its group gets the signal as a group.
         stray = tagged_members(record.pid, record.tag) if record is not None else []

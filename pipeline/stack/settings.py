@@ -22,11 +22,11 @@ DEFAULT_PORT_BASE = 54300
 SETTINGS_FILE = "settings.json"
 
 # Offsets from the port base. The first four are what clients use; the rest are the object
-# store's own (its master, volume and filer servers and their gRPC twins, its admin server).
+# store's own (its master, volume and filer servers and their gRPC twins, its S3 gateway's gRPC).
 PORT_OFFSETS = {
     "postgres": 0, "s3": 1, "mlflow": 2, "prefect": 3,
     "weed.master": 10, "weed.master.grpc": 11, "weed.volume": 12, "weed.volume.grpc": 13,
-    "weed.filer": 14, "weed.filer.grpc": 15, "weed.s3.grpc": 16, "weed.admin": 17, "weed.admin.grpc": 18,
+    "weed.filer": 14, "weed.filer.grpc": 15, "weed.s3.grpc": 16,
 }
 
 

@@ -27,8 +27,8 @@ from pipeline.stack.settings import PORT_OFFSETS
 from .conftest import Stack
 
 SERVICES = ("postgres", "s3", "mlflow", "prefect")
-GRPC = {"weed.master.grpc", "weed.volume.grpc", "weed.filer.grpc", "weed.s3.grpc", "weed.admin.grpc"}
-WEED_HTTP = {"weed.master", "weed.volume", "weed.filer", "weed.admin"}
+GRPC = {"weed.master.grpc", "weed.volume.grpc", "weed.filer.grpc", "weed.s3.grpc"}
+WEED_HTTP = {"weed.master", "weed.volume", "weed.filer"}
 FILE_ID = "1,01637037d6"   # a volume file id: volume 1 exists as soon as anything was written
 # What a stranger asks SeaweedFS's own HTTP ports: data (list, read, write, delete, assign, the
 # filer's chunk proxy) and metadata (status pages, topology, disks, metrics, the UIs).
@@ -154,7 +154,7 @@ def weed_http(stack: Stack, host: str, port: int, name: str, upload: tuple[bytes
         assert code == 400 and PLAIN_TO_HTTPS in body, (name, request[:2], code, body[:200])
     assert https_without_certificate(host, port) is None, name
     own = stack_certificate(stack)
-    code, _ = ask(host, port, "GET", "/health" if name == "weed.admin" else "/healthz", context=own)
+    code, _ = ask(host, port, "GET", "/healthz", context=own)
     assert code == (404 if name == "weed.filer" else 200), (name, code)   # the filer's HTTP API is off
     if name == "weed.volume":
         assert ask(host, port, "GET", "/" + FILE_ID, context=own) == (401, b'{"error":"wrong jwt"}')
