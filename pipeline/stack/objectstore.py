@@ -50,8 +50,9 @@ HTTPS_PORTS = ("weed.master", "weed.volume", "weed.filer")
 # the floor: with less than MIN_FREE_SPACE free the volume server takes no more writes (reads go on).
 VOLUME_SIZE_MB = 1024
 MAX_VOLUMES = 1000
-MIN_FREE_SPACE = "256MiB"
-MIN_FREE_BYTES = 256 * 2**20
+MIN_FREE_MIB = 256
+MIN_FREE_SPACE = f"{MIN_FREE_MIB}MiB"
+MIN_FREE_BYTES = MIN_FREE_MIB * 2**20
 
 
 def weed_binary() -> Path:
@@ -162,25 +163,25 @@ class ObjectStore(Service):
                             aws_secret_access_key=self.secrets.s3_secret_key, region_name="us-east-1",
                             config=Config(connect_timeout=2, read_timeout=5, retries={"max_attempts": 1}))
 
+    def bucket_names(self) -> set[str]:
+        return {b["Name"] for b in self.client().list_buckets().get("Buckets", [])}
+
     def answers_signed(self) -> bool:
         try:
-            self.client().list_buckets()
+            self.bucket_names()
         except Exception:   # noqa: BLE001 - not up yet, whatever the reason; wait_until says when it gives up
             return False
         return True
 
     def create_buckets(self) -> None:
         """The buckets the pipeline writes to, made once (a restart finds them)."""
-        s3 = self.client()
-        names = {b["Name"] for b in s3.list_buckets().get("Buckets", [])}
-        for bucket in BUCKETS:
-            if bucket not in names:
-                s3.create_bucket(Bucket=bucket)
+        for bucket in set(BUCKETS) - self.bucket_names():
+            self.client().create_bucket(Bucket=bucket)
 
     def health(self) -> Health:
         """Signed requests: the keys work and both buckets exist."""
         try:
-            names = {b["Name"] for b in self.client().list_buckets().get("Buckets", [])}
+            names = self.bucket_names()
         except Exception as err:   # noqa: BLE001 - any client error is "not healthy", said as is
             return Health(False, f"{type(err).__name__}: {str(err)[:200]}")
         missing = [b for b in BUCKETS if b not in names]

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import boto3
 import pytest
 
 from pipeline.stack.objectstore import BUCKETS, MIN_FREE_BYTES, ObjectStore
@@ -66,12 +65,6 @@ def fill_to(mount_point: Path, free_bytes: int) -> None:
                    check=True)
 
 
-def signed_client(store: ObjectStore):
-    s = store.settings
-    return boto3.client("s3", endpoint_url=s.url("s3"), aws_access_key_id=store.secrets.s3_access_key,
-                        aws_secret_access_key=store.secrets.s3_secret_key, region_name="us-east-1")
-
-
 def test_the_store_takes_writes_with_under_one_percent_of_its_disk_free_and_warns_near_its_floor(
         tmp_path, capsys):
     with nearly_full_disk(tmp_path / "disk.img", tmp_path / "disk") as disk:
@@ -81,7 +74,7 @@ def test_the_store_takes_writes_with_under_one_percent_of_its_disk_free_and_warn
         assert shutil.disk_usage(disk).free / DISK_BYTES < 0.01
         store.start()
         try:
-            s3 = signed_client(store)
+            s3 = store.client()
             body = os.urandom(2 * 2**20)
             for bucket in BUCKETS:   # each bucket is a collection of its own: each grows its own volume
                 s3.put_object(Bucket=bucket, Key="near-full/object", Body=body)
@@ -93,7 +86,7 @@ def test_the_store_takes_writes_with_under_one_percent_of_its_disk_free_and_warn
         fill_to(disk, MIN_FREE_BYTES + 64 * 2**20)   # near the floor: the start says so
         store.start()
         try:
-            assert signed_client(store).get_object(Bucket=BUCKETS[0], Key="near-full/object")["Body"].read() == body
+            assert store.client().get_object(Bucket=BUCKETS[0], Key="near-full/object")["Body"].read() == body
         finally:
             store.stop()
         said = capsys.readouterr().out
