@@ -71,9 +71,14 @@ class Stack:
         """What ``source <dir>/env`` sets."""
         return client_env.client_variables(self.settings, load_or_create(self.directory / "secrets"))
 
-    def cli(self, *args: str, env: dict[str, str] | None = None, timeout: int = 240) -> subprocess.CompletedProcess:
+    def cli(self, *args: str, env: dict[str, str] | None = None, timeout: int = 240,
+            cwd: Path | None = None) -> subprocess.CompletedProcess:
+        """``python -m pipeline.stack ARGS --dir <this stack>``, run from ``cwd``: by default a
+        folder without ``.dvc``, since ``start`` points the DVC clone it runs in at this stack's
+        remote (``.dvc/config.local``), and the checkout under test must keep its own."""
         return subprocess.run([PYTHON, "-m", "pipeline.stack", *args, "--dir", str(self.directory)],
-                              cwd=REPO, env=env or stack_cli_env(), capture_output=True, text=True, timeout=timeout)
+                              cwd=cwd or tempfile.gettempdir(), env=env or stack_cli_env(), capture_output=True,
+                              text=True, timeout=timeout)
 
 
 def stack_cli_env() -> dict[str, str]:
@@ -103,6 +108,17 @@ def skip_without_second_hosts() -> None:
         pytest.skip(reason)
     if not (MIRROR / "data/task1/raw/train.en.gz").is_file():
         pytest.skip(f"the Multi30k mirror is not at {MIRROR}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def checkout_keeps_its_dvc_remote() -> Iterator[None]:
+    """No team test may point the checkout under test at a test stack's remote (a developer's
+    ``make push`` after ``make test`` would go to a stack that is gone)."""
+    local = REPO / ".dvc" / "config.local"
+    before = local.read_bytes() if local.exists() else None
+    yield
+    after = local.read_bytes() if local.exists() else None
+    assert after == before, f"the team tests changed {local}: {before!r} -> {after!r}"
 
 
 @contextmanager

@@ -16,6 +16,7 @@ from mlflow.tracking import MlflowClient
 from pipeline.stack.processes import pid_alive, port_taken, read_pid
 from pipeline.stack.settings import PORT_OFFSETS, StackSettings
 
+from ..pipeline.conftest import BIN
 from .conftest import Stack, server_client, stack_cli_env
 
 SERVICES = ("postgres", "s3", "mlflow", "prefect")
@@ -44,6 +45,23 @@ def test_a_second_start_is_a_no_op_that_says_so(stack):
     result = stack.cli("start")
     assert result.returncode == 0 and "already running" in result.stdout and "nothing to do" in result.stdout
     assert recorded_pids(stack) == before
+
+
+def test_start_in_a_dvc_clone_points_that_clone_at_the_stack_remote(stack, tmp_path):
+    """``make stack`` run in a clone: its DVC's default remote becomes the stack's S3 bucket, in
+    the git-ignored ``.dvc/config.local``; the keys stay out of the file (the env file has them)."""
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    for argv in (["git", "init", "-q"], [str(BIN / "dvc"), "init", "-q"]):
+        subprocess.run(argv, cwd=clone, check=True, capture_output=True)
+    result = stack.cli("start", cwd=clone)
+    assert result.returncode == 0, result.stdout + result.stderr
+    endpoint = stack.client_env["TEAM_S3_ENDPOINT_URL"]
+    assert f"DVC remote 'team' (default, in .dvc/config.local): s3://dvc/pipeline at {endpoint}" in result.stdout
+    config = (clone / ".dvc" / "config.local").read_text()
+    assert "remote = team" in config and f"endpointurl = {endpoint}" in config
+    secrets = stack.client_env
+    assert secrets["AWS_SECRET_ACCESS_KEY"] not in config and secrets["AWS_ACCESS_KEY_ID"] not in config
 
 
 def test_secrets_are_generated_private_and_on_no_command_line(stack):
