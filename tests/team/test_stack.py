@@ -56,12 +56,12 @@ def test_start_in_a_dvc_clone_points_that_clone_at_the_stack_remote(stack, tmp_p
         subprocess.run(argv, cwd=clone, check=True, capture_output=True)
     result = stack.cli("start", cwd=clone)
     assert result.returncode == 0, result.stdout + result.stderr
-    endpoint = stack.client_env["TEAM_S3_ENDPOINT_URL"]
+    env = stack.client_env
+    endpoint = env["TEAM_S3_ENDPOINT_URL"]
     assert f"DVC remote 'team' (default, in .dvc/config.local): s3://dvc/pipeline at {endpoint}" in result.stdout
     config = (clone / ".dvc" / "config.local").read_text()
     assert "remote = team" in config and f"endpointurl = {endpoint}" in config
-    secrets = stack.client_env
-    assert secrets["AWS_SECRET_ACCESS_KEY"] not in config and secrets["AWS_ACCESS_KEY_ID"] not in config
+    assert env["AWS_SECRET_ACCESS_KEY"] not in config and env["AWS_ACCESS_KEY_ID"] not in config
 
 
 def test_secrets_are_generated_private_and_on_no_command_line(stack):
