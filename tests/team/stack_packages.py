@@ -70,8 +70,28 @@ def require() -> None:
         pytest.skip(reason)
 
 
-def top_level_imports(path: Path) -> set[str]:
-    """The top-level package of every import at the module's top (not inside a function)."""
+def _relative_modules(path: Path, node: ast.ImportFrom) -> list[Path]:
+    """The files a relative import at the top of ``path`` runs: ``from .x import y`` x's,
+    ``from . import x`` x's (those that are files here)."""
+    folder = path.parent
+    for _ in range(node.level - 1):
+        folder = folder.parent
+    names = [node.module] if node.module else [alias.name for alias in node.names]
+    found = []
+    for name in names:
+        target = folder.joinpath(*name.split("."))
+        found += [c for c in (target.with_suffix(".py"), target / "__init__.py") if c.is_file()][:1]
+    return found
+
+
+def top_level_imports(path: Path, seen: set[Path] | None = None) -> set[str]:
+    """The top-level package of every import at the module's top (not inside a function), and of
+    those of the test modules it imports relatively (``from .test_faults import ...``), which the
+    import of this one runs first."""
+    seen = set() if seen is None else seen
+    if path in seen:
+        return set()
+    seen.add(path)
     try:
         tree = ast.parse(path.read_bytes(), filename=str(path))
     except SyntaxError:
@@ -82,6 +102,9 @@ def top_level_imports(path: Path) -> set[str]:
             names.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module.split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and node.level > 0:
+            for module in _relative_modules(path, node):
+                names |= top_level_imports(module, seen)
     return names
 
 

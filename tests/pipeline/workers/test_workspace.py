@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from prefect.deployments.steps.core import run_steps
+from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings
 
 from pipeline.workers.workspace import WorkspaceError, pull_steps
 
@@ -18,6 +19,16 @@ def git(cwd: Path, *args: str) -> str:
     env = {"PATH": os.environ["PATH"], "HOME": str(cwd), "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
     return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True, env=env).stdout.strip()
+
+
+@pytest.fixture(autouse=True)
+def patient_ephemeral_server():
+    """Prefect's step runner asks the API (for blocks and variables) even here, and without an API URL it
+    starts its own server in the background: 5 to 10 s on an idle 2-core machine, but past Prefect's
+    20 s limit on a loaded one (a training beside the tests), where the step failed with "Timed out
+    while attempting to connect to ephemeral Prefect API server". So the limit is raised here."""
+    with temporary_settings({PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 120}):
+        yield
 
 
 @pytest.fixture
