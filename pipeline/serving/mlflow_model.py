@@ -127,9 +127,13 @@ class TranslatorModel(mlflow.pyfunc.PythonModel):
         except RequestError as err:
             raise invalid(str(err)) from None
 
-    def predict(self, context, model_input, params=None):  # noqa: ANN001, ANN201 (MLflow reads type hints as a schema)
+    def predict(self, context: mlflow.pyfunc.PythonModelContext | None, model_input: pd.DataFrame,
+                params: dict[str, Any] | None = None) -> list[str]:
         """model_input: a DataFrame with a ``text`` column (or one column), a list of str, or a str.
-        Returns the translations, one str per input, in order. The translator is shared by the
+        Returns the translations, one str per input, in order. The hint says DataFrame, what MLflow's
+        schema enforcement hands over: MLflow infers no schema from it (the signature is logged
+        explicitly) and wraps nothing, where no hint would warn at import and ``list[str]`` would
+        make MLflow convert the input itself. The translator is shared by the
         server's concurrent requests, so a request's settings are arguments, never its state."""
         ids = self.check(sentences_of(model_input))
         settings = self.decoding(params)
