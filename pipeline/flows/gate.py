@@ -298,7 +298,7 @@ def version_files(client: MlflowClient, name: str, version: str, dst: Path,
     """Download a registered version's pyfunc model into ``dst``; returns its artifacts by key:
     ``model`` (the averaged checkpoint: config + weights), ``tokenizer`` (the SentencePiece model)
     and, where it has one, ``ctranslate2`` (the CTranslate2 model's folder), as
-    ``pipeline.serving.mlflow_model.log_translator`` logged them, and ``MLmodel`` (its metadata)."""
+    ``pipeline.serving.model_logging.log_translator`` logged them, and ``MLmodel`` (its metadata)."""
     import mlflow
 
     uri = client.get_model_version_download_uri(name, version)

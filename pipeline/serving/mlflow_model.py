@@ -1,18 +1,20 @@
 """The translator as an MLflow pyfunc model: ``predict`` turns source sentences into translations.
 
-Logged with the averaged checkpoint (artifact ``model``), the SentencePiece model (``tokenizer``)
-and the export stage's CTranslate2 model of the same weights (``ctranslate2``, a folder:
-``artifacts/ctranslate2/`` in a downloaded version) as artifacts and, as code, the modules of the
-``transformer`` and ``pipeline`` packages that loading it runs (their import closure,
-``pipeline.tracking.model_code``: one upload each), so ``mlflow.pyfunc.load_model`` (and
-``mlflow models serve``) needs nothing from this repository. The decoding settings the
-evaluate stage scored with, engine and compute type included, travel in the model's ``model_config``
-(and the request's ones as the defaults of the signature's params; both written and read by
-``pipeline.serving.registered``); a request may override the ones ``pipeline.serving.decoding.REQUEST``
-names (beam size, alpha, stopping rule). The model decodes with its engine
-(``pipeline.serving.engine``): versions registered before the engine was a setting, which have no
-``ctranslate2`` artifact, with torch, as they were scored; its pip requirements name CTranslate2 where
-the engine is ctranslate2.
+Logged (``pipeline.serving.model_logging.log_translator``) with the averaged checkpoint (artifact
+``model``), the SentencePiece model (``tokenizer``) and the export stage's CTranslate2 model of the
+same weights (``ctranslate2``, a folder: ``artifacts/ctranslate2/`` in a downloaded version) as
+artifacts and, as code, the modules of the ``transformer`` and ``pipeline`` packages that loading it
+runs (their import closure, ``pipeline.tracking.model_code``: one upload each), so
+``mlflow.pyfunc.load_model`` (and ``mlflow models serve``) needs nothing from this repository. The
+model object itself is logged as code (``pipeline.serving.mlflow_model_code``, MLflow's models from
+code), never pickled; versions logged before that (a cloudpickled ``TranslatorModel``) still load.
+The decoding settings the evaluate stage scored with, engine and compute type included, travel in
+the model's ``model_config`` (and the request's ones as the defaults of the signature's params; both
+written and read by ``pipeline.serving.registered``); a request may override the ones
+``pipeline.serving.decoding.REQUEST`` names (beam size, alpha, stopping rule). The model decodes
+with its engine (``pipeline.serving.engine``): versions registered before the engine was a setting,
+which have no ``ctranslate2`` artifact, with torch, as they were scored; its pip requirements name
+CTranslate2 where the engine is ctranslate2.
 
 ``predict`` checks its input before decoding anything, and a bad request is an
 ``MlflowException`` with ``INVALID_PARAMETER_VALUE`` (the scoring server answers 400 with the
@@ -24,10 +26,7 @@ a beam size outside 1..16, an alpha outside 0..10, an unknown stopping rule).
 
 from __future__ import annotations
 
-import json
-import tempfile
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import mlflow
@@ -38,7 +37,6 @@ from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 if TYPE_CHECKING:
     from pipeline.serving.decoding import DecodingConfig
 
-PIP_REQUIREMENTS_OF = ("torch", "numpy", "sentencepiece", "pandas", "mlflow")
 CT2_ARTIFACT = "ctranslate2"   # the artifact (and its folder's name in the version) of the CTranslate2 model
 MAX_CHARS = 1000        # characters per sentence: refused before tokenizing (Multi30k's longest is ~300)
 MAX_SENTENCES = 256     # sentences per request: one request must not hold the server for minutes
@@ -138,96 +136,3 @@ class TranslatorModel(mlflow.pyfunc.PythonModel):
         ids = self.check(sentences_of(model_input))
         settings = self.decoding(params)
         return self.translator.tokenizer.decode(self.translator.translate_ids(ids, **settings.per_request()))
-
-
-def _pins(engine: str = "torch") -> list[str]:
-    """The pyfunc model's pip requirements: the installed versions (requirements.txt's pins), and
-    CTranslate2 where the version decodes with it."""
-    from importlib.metadata import version
-
-    names = (*PIP_REQUIREMENTS_OF, *(("ctranslate2",) if engine == "ctranslate2" else ()))
-    return [f"{name}=={version(name).split('+')[0]}" for name in names]
-
-
-def _run_decoding(run_id: str, chosen: Mapping[str, Any]) -> tuple[DecodingConfig, dict[str, str]]:
-    """The decoding settings to register: the tuned ones (``TUNED``) as ``chosen``, the rest from
-    the run's ``evaluate.*`` params (the paper's defaults where the run has none); and where each
-    tuned one came from (``chosen``'s ``<key>_from``, else the evaluate stage's ``decoding.<key>_from``
-    tags, else ``params``)."""
-    from pipeline.serving.decoding import TUNED, DecodingConfig
-    from pipeline.tracking.store import client
-
-    run = client().get_run(run_id)
-    p, t = run.data.params, run.data.tags
-    settings = {k.removeprefix("evaluate."): v for k, v in p.items() if k.startswith("evaluate.")}
-    parsed = {}
-    for key, value in settings.items():
-        try:
-            parsed[key] = None if value == "None" else json.loads(value)   # a null param is logged as None
-        except ValueError:
-            parsed[key] = value    # a plain string (precision: fp32)
-    decoding = DecodingConfig.of({**parsed, **{k: chosen[k] for k in TUNED if chosen.get(k) is not None}})
-    sources = {k: chosen.get(f"{k}_from") or t.get(f"decoding.{k}_from", "params") for k in TUNED}
-    return decoding, sources
-
-
-def _named(folder: Path, scratch: Path) -> Path:
-    """``folder``, or a copy of it in ``scratch`` named ``CT2_ARTIFACT``: MLflow keeps an artifact
-    under its source's own name, and a version's folder is ``artifacts/ctranslate2/`` whatever the
-    source was called (a record kept in the unsent queue, a test's folder)."""
-    if folder.name == CT2_ARTIFACT:
-        return folder
-    import shutil
-
-    return Path(shutil.copytree(folder, scratch / CT2_ARTIFACT))
-
-
-def log_translator(run_id: str, model_file: Path, tokenizer_file: Path, registered_name: str,
-                   chosen: Mapping[str, Any], *, metrics_file: Path | None = None,
-                   corpus_stats_file: Path | None = None, ct2_model: Path | None = None) -> str | None:
-    """Log the pyfunc model into ``run_id``, register it with its model card (description and tags,
-    ``pipeline.tracking.model_card.register_version``); returns the new registry version.
-
-    ``chosen``: the tuned settings the evaluate stage decoded with (``Decoding.as_dict()``: beam
-    size, alpha, stopping rule, engine, compute type and, optionally, where each came from); the other
-    settings are the run's ``evaluate.*`` params. ``metrics_file`` (default ``reports/evaluate/scores.json``)
-    holds the test scores and signatures, ``corpus_stats_file`` (default ``data/corpus/stats.json``) the
-    data cleaning counts, ``ct2_model`` the export stage's folder (the ``ctranslate2`` artifact, logged
-    whatever the engine, so that the version can be served with either; none: the version has none).
-    """
-    from mlflow.models import infer_signature
-
-    from pipeline.config import paths
-    from pipeline.scoring.reports import EVALUATE_SCORES
-    from pipeline.serving.registered import to_register
-    from pipeline.tracking import model_card, model_code
-    from transformer.checkpoint import load_checkpoint
-
-    settings, sources = _run_decoding(run_id, chosen)
-    model_config, defaults = to_register(settings)   # one DecodingConfig: the two always agree
-    decoding = {**model_config["decoding"], **{f"{k}_from": v for k, v in sources.items()}}
-    example = pd.DataFrame({"text": ["A man is walking."]})
-    signature = infer_signature(example, ["Ein Mann geht."], params=defaults)
-    artifacts = {"model": str(model_file), "tokenizer": str(tokenizer_file)}
-    with tempfile.TemporaryDirectory(prefix="model-code-") as code, \
-            tempfile.TemporaryDirectory(prefix="model-export-") as scratch, mlflow.start_run(run_id=run_id):
-        if ct2_model is not None and Path(ct2_model).is_dir():
-            artifacts[CT2_ARTIFACT] = str(_named(Path(ct2_model), Path(scratch)))
-        info = mlflow.pyfunc.log_model(
-            name="translator", python_model=TranslatorModel(),
-            artifacts=artifacts,
-            code_paths=model_code.stage(TranslatorModel.__module__, TranslatorModel.__name__, Path(code)),
-            pip_requirements=_pins(settings.engine), signature=signature, input_example=example,
-            model_config=model_config,
-        )
-
-    def read_json(path: Path) -> dict[str, Any]:
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
-            return {}
-
-    return model_card.register_version(registered_name, info.model_uri, run_id,
-                                       metrics=read_json(metrics_file or EVALUATE_SCORES), decoding=decoding,
-                                       model_config=load_checkpoint(model_file).get("model_config", {}),
-                                       corpus_stats=read_json(corpus_stats_file or paths.CORPUS_DIR / "stats.json"))

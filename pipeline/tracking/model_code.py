@@ -1,5 +1,6 @@
 """The code a logged pyfunc model needs when it is loaded: the files of the repository's packages
-that MLflow's unpickling of the model class and its ``load_context``/``predict`` import, found in
+that loading the model (MLflow running ``pipeline/serving/mlflow_model_code.py``, which imports the
+model class) and its ``load_context``/``predict`` import, found in
 their source (every ``import`` at module level or inside a function, not under ``if TYPE_CHECKING``;
 the rules of ``tests/test_dependencies.py``'s import graph), and nothing else.
 
@@ -91,7 +92,7 @@ def _targets(name: str, path: Path, nodes: Iterator[ast.Import | ast.ImportFrom]
 def closure(module: str, cls: str, root: Path = REPO) -> list[Path]:
     """The files (relative to ``root``) that loading class ``cls`` of ``module`` and calling its
     methods runs: ``module`` with its module-level imports and those inside ``cls`` (not those of
-    its other functions: ``log_translator``'s logging code is no part of the loaded model), then
+    its other functions, which the loaded model never calls), then
     every import of those, recursively, and each package ``__init__`` on the way."""
     modules = _modules(root)
     lazy = _lazy(modules)

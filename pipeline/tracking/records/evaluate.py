@@ -26,7 +26,7 @@ def send(data: Mapping[str, Any], files: Mapping[str, Path], progress: MutableMa
     """``data``: experiment, section (``evaluate.*`` params), model_sha256, tuned (tune decoded this
     model), decoding (``Decoding.as_dict()``), values (the metrics to log), registered_model,
     timestamp (ms). ``files``: FOLDERS, RUN_FILES, MODEL, TOKENIZER, CORPUS_STATS and CT2_MODEL by name."""
-    from pipeline.serving.mlflow_model import log_translator
+    from pipeline.serving.model_logging import log_translator
 
     c = client()
     experiment, sha = data["experiment"], data["model_sha256"]

@@ -4,7 +4,8 @@ function, the same for the server, the promotion gate and the pyfunc model; vers
 before the model config carried them are read from their signature, and before the stopping rule
 existed, with the exact rule. A version registered with the CTranslate2 engine carries the export
 (``artifacts/ctranslate2/``) and decodes with it through the pyfunc model and the gate; one registered
-before the engine was a setting decodes with torch. Real MLflow: a tiny model registered in a
+before the engine was a setting decodes with torch. A version is logged as code and loads without
+unpickling; one logged before that, pickled, still loads. Real MLflow: a tiny model registered in a
 temporary SQLite store."""
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from pipeline.flows import gate
 from pipeline.serving.ct2_translator import CT2Translator, load_ct2_translator
 from pipeline.serving.decoding import RULES, DecodingConfig
 from pipeline.serving.export import export_ctranslate2
-from pipeline.serving.mlflow_model import TranslatorModel, log_translator
+from pipeline.serving.mlflow_model import TranslatorModel
+from pipeline.serving.model_logging import log_translator
 from pipeline.serving.registered import SettingsNotRecorded, mlmodel_settings, registered_settings, to_register
 from pipeline.serving.server.model_source import load_version
 from pipeline.serving.translator import Translator, load_translator
@@ -196,3 +198,23 @@ def test_a_version_registered_before_the_engine_decodes_with_torch(store, tmp_pa
     assert isinstance(model.unwrap_python_model().translator, Translator)
     assert model.predict(pd.DataFrame({"text": SOURCES})) == load_translator(
         store.model_file, store.tokenizer_file, old, device="cpu").translate(SOURCES)
+
+
+def test_a_version_is_logged_as_code_and_loads_without_unpickling(store, tmp_path, monkeypatch):
+    files = gate.version_files(store.client, NAME, "1", tmp_path / "1", store.uri)
+    folder = files["MLmodel"].parent
+    pyfunc = mlflow.models.Model.load(str(files["MLmodel"])).flavors["python_function"]
+    assert pyfunc["model_code_path"].endswith("mlflow_model_code.py") and "python_model" not in pyfunc
+    assert (folder / "mlflow_model_code.py").is_file() and not list(folder.rglob("*.pkl"))
+    monkeypatch.setenv("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", "false")   # what a later MLflow's default may be
+    model = mlflow.pyfunc.load_model(str(folder))
+    assert model.predict(pd.DataFrame({"text": SOURCES})) == load_translator(
+        store.model_file, store.tokenizer_file, REGISTERED, device="cpu").translate(SOURCES)
+    # Version 3 was logged as versions were before: a pickled TranslatorModel, which still loads where
+    # MLflow allows unpickling (its default) and is refused, with MLflow's message, where it does not.
+    old = gate.version_files(store.client, NAME, "3", tmp_path / "3", store.uri)["MLmodel"].parent
+    assert (old / "python_model.pkl").is_file()
+    with pytest.raises(mlflow.exceptions.MlflowException, match="Deserializing model using pickle is disallowed"):
+        mlflow.pyfunc.load_model(str(old))
+    monkeypatch.delenv("MLFLOW_ALLOW_PICKLE_DESERIALIZATION")
+    assert isinstance(mlflow.pyfunc.load_model(str(old)).unwrap_python_model().translator, Translator)

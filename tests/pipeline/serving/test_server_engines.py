@@ -28,7 +28,7 @@ import pytest
 from pipeline.serving.ct2_translator import CT2Translator, load_ct2_translator
 from pipeline.serving.decoding import TUNED, DecodingConfig
 from pipeline.serving.export import export_ctranslate2
-from pipeline.serving.mlflow_model import log_translator
+from pipeline.serving.model_logging import log_translator
 from pipeline.serving.translator import Translator, load_translator
 from pipeline.tracking.store import CHAMPION_ALIAS
 from transformer.checkpoint import load_model
