@@ -1,10 +1,9 @@
-"""Faults with the real services: the MLflow server killed during training (at a chosen update),
-the S3 store stopped during ``dvc push``, PostgreSQL restarted under the MLflow server, wrong or
-missing credentials."""
+"""Faults with the real services: the S3 store stopped during ``dvc push``, PostgreSQL restarted
+under the MLflow server, wrong or missing credentials. The MLflow server killed during training:
+``test_tracking_faults.py``."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -19,11 +18,9 @@ from pipeline.stack.postgres import Postgres
 from pipeline.stack.processes import stop_pid
 from pipeline.stack.secrets import load_or_create
 
-from ..pipeline.conftest import BIN, MIRROR, make_workspace, tiny_params
-from .conftest import PYTHON, REPO, Stack, server_client
+from ..pipeline.conftest import MIRROR, make_workspace, tiny_params
+from .conftest import PYTHON, Stack, server_client
 from .test_two_machines import Machine, sourced
-
-KILL_AT_UPDATE = 20
 
 
 def machine(stack: Stack, root, params: dict) -> Machine:
@@ -56,52 +53,6 @@ def restart(stack: Stack) -> None:
 def needs_mirror():
     if not (MIRROR / "data/task1/raw/train.en.gz").is_file():
         pytest.skip(f"the Multi30k mirror is not at {MIRROR}")
-
-
-def test_mlflow_killed_during_training_is_replayed_into_the_same_run(stack, tmp_path, monkeypatch, needs_mirror):
-    params = tiny_params({"tracking": {"experiment": "fault-kill", "registered_model": "fault-kill"}})
-    m = machine(stack, tmp_path / "repo", params)
-    assert m.dvc("repro", "tokenizer").returncode == 0
-    train = subprocess.Popen([str(BIN / "dvc"), "repro", "train"], cwd=m.path, env=m.env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    output = []
-    try:
-        for line in train.stdout:
-            output.append(line)
-            if line.startswith(f"step {KILL_AT_UPDATE:>6}  epoch"):   # the log line of the chosen update
-                os.killpg(train.pid, signal.SIGSTOP)   # training holds still while the server dies
-                kill_service(stack, "mlflow")
-                os.killpg(train.pid, signal.SIGCONT)
-        assert train.wait(timeout=300) == 0, "".join(output)
-    finally:
-        if train.poll() is None:
-            os.killpg(train.pid, signal.SIGKILL)
-        if not (stack.directory / "run" / "mlflow.pid").is_file() or "step" not in "".join(output):
-            restart(stack)
-    text = "".join(output)
-    assert "could not be sent; kept in reports/mlflow_unsent.json" in text, text
-    unsent = json.loads((m.path / "reports/mlflow_unsent.json").read_text())["runs"]
-    (run_id,) = unsent
-    assert unsent[run_id]["status"] == "FINISHED" and unsent[run_id]["tags"]
-    assert {x["step"] for x in unsent[run_id]["metrics"] if x["key"] == "train/loss"} >= {30, 40}
-    # Outside git-tracked files: the project's .gitignore covers it.
-    assert subprocess.run(["git", "check-ignore", "-q", "reports/mlflow_unsent.json"], cwd=REPO).returncode == 0
-
-    restart(stack)   # the server is back: the next stage replays before it looks up its run
-    average = m.dvc("repro", "average")
-    assert average.returncode == 0, average.stdout + average.stderr
-    assert f"MLflow: replayed into run {run_id}" in average.stdout
-    assert not (m.path / "reports/mlflow_unsent.json").exists()
-    client = client_for(m, monkeypatch)
-    run = client.get_run(run_id)
-    assert run.info.status == "FINISHED"
-    curve = [int(line.split(",")[0]) for line in (m.path / "reports/train_curve.csv").read_text().splitlines()[1:]]
-    assert sorted(x.step for x in client.get_metric_history(run_id, "train/loss")) == curve
-    newest = sorted((m.path / "models/checkpoints").glob("*.pt"))[-1]
-    from transformer.atomic import file_sha256
-    assert run.data.tags["link.checkpoint_sha256"] == file_sha256(newest)
-    # The average stage found the training's run through the replayed link and logged into it.
-    assert "average/checkpoints_used" in run.data.metrics
 
 
 def test_s3_store_stopped_during_push_loses_nothing_and_the_next_push_completes(stack, tmp_path):

@@ -25,6 +25,7 @@ from pipeline.config import paths
 from pipeline.flows.gate import pending_challenger
 from pipeline.stack.groups import read_record
 from pipeline.stack.processes import stop_pid
+from transformer.atomic import file_sha256
 
 from ..pipeline.conftest import BIN, tiny_params
 from .conftest import PYTHON, REPO, Stack
@@ -97,11 +98,17 @@ def test_server_killed_during_training_loses_no_registration(stack, tmp_path, mo
 
     # 1. Killed at update 20 of 40, back before the end: average and tune wait, evaluate sends all.
     text = train_killing_the_server(stack, m, 20)
+    assert "could not be sent; kept in reports/mlflow_unsent.json" in text, text
     first_run = next(line.split()[2] for line in text.splitlines() if line.startswith("MLflow: run "))
     while_away = repro(m, "average", "tune")
     assert while_away.stderr.count(WAITING) == 2, while_away.stderr   # one line per stage
     queue = json.loads((m.path / "reports/mlflow_unsent.json").read_text())
     assert [r["stage"] for r in queue["records"]] == ["average", "tune"] and first_run in queue["runs"]
+    kept = queue["runs"][first_run]   # the training's end, and the losses logged after the kill
+    assert kept["status"] == "FINISHED" and kept["tags"]
+    assert {x["step"] for x in kept["metrics"] if x["key"] == "train/loss"} >= {30, 40}
+    # Outside git-tracked files: the project's .gitignore covers it.
+    assert subprocess.run(["git", "check-ignore", "-q", "reports/mlflow_unsent.json"], cwd=REPO).returncode == 0
     restart(stack)
     evaluate = repro(m, "evaluate")
     assert f"MLflow: replayed into run {first_run}" in evaluate.stdout, evaluate.stdout
@@ -113,7 +120,12 @@ def test_server_killed_during_training_loses_no_registration(stack, tmp_path, mo
     assert run.info.status == "FINISHED" and "test/test_2016_flickr/bleu" in run.data.metrics
     assert "valid_bleu" in client.get_run(first_run).data.metrics   # tune's record, sent late
     first_losses = sorted(x.step for x in client.get_metric_history(first_run, "train/loss"))
-    assert first_losses[-1] == 40
+    curve = [int(line.split(",")[0]) for line in (m.path / "reports/train_curve.csv").read_text().splitlines()[1:]]
+    assert first_losses == curve and curve[-1] == 40   # each loss once: the ones sent and the replayed ones
+    newest = sorted((m.path / "models/checkpoints").glob("*.pt"))[-1]
+    training = client.get_run(first_run).data
+    assert training.tags["link.checkpoint_sha256"] == file_sha256(newest)   # the replayed link
+    assert "average/checkpoints_used" in training.metrics   # average found the run through it
 
     # 2. train.max_steps raised: the finished run's model trains into a new run linked to it; the
     # server killed at update 50 and back only after the whole pipeline: everything waits, the
