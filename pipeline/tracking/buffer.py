@@ -114,11 +114,14 @@ def save_unsent(run_id: str, metrics: list[Metric], tags: Mapping[str, str] | No
           file=sys.stderr, flush=True)
 
 
-def replay_unsent(c: MlflowClient | None = None) -> int:
+def replay_unsent(c: MlflowClient | None = None, quiet: bool = False) -> int:
     """Send what ``save_unsent`` kept into the same runs; each run's part leaves the file once sent
     (a metric batch sent twice is stored once). Returns the number of runs still unsent (0 when the
-    file is empty or absent); a server still away is a warning, never an error. The stages' waiting
-    records are ``deferred.replay``'s, which calls this first."""
+    file is empty or absent); a server still away is a warning (none with ``quiet``: a stage's one
+    waiting line says it), never an error. The stages' waiting records are ``deferred.replay``'s,
+    which calls this first."""
+    if not UNSENT_FILE.is_file():   # nothing waits: no lock taken, so no lock file left behind
+        return 0
     with unsent.locked():
         doc = unsent.load()
         runs = doc["runs"]
@@ -141,7 +144,8 @@ def replay_unsent(c: MlflowClient | None = None) -> int:
                 print(f"MLflow: replayed into run {run_id} what it could not send before: {len(metrics)} metric "
                       f"values, {len(entry['tags'])} tags{', its end' if entry['status'] else ''}", flush=True)
         except Exception as err:   # the server still away: keep the rest for the next try
-            print(f"warning: MLflow replay of {UNSENT_FILE} failed ({type(err).__name__}: {str(err)[:200]}); "
-                  "kept for the next try", file=sys.stderr, flush=True)
+            if not quiet:
+                print(f"warning: MLflow replay of {UNSENT_FILE} failed ({type(err).__name__}: {str(err)[:200]}); "
+                      "kept for the next try", file=sys.stderr, flush=True)
         unsent.save(doc)
         return len(runs)

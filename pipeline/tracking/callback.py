@@ -96,7 +96,10 @@ class MlflowCallback(TrainerCallback):
             missing += [Metric(key, float(value), now, step) for step, value in points if step not in logged]
         for metric in missing:
             self.logger.queue.put(metric)
-        if missing:
+        if missing and self.continued_from:   # a new run: the curve up to the checkpoint it continues
+            print(f"MLflow: logging the continued checkpoint's curve ({len(missing)} metric values, from run "
+                  f"{self.continued_from}) into the new run", flush=True)
+        elif missing:
             print(f"MLflow: sending again {len(missing)} metric values the interrupted run had not sent", flush=True)
 
     def on_checkpoint(self, step: int, path: Path) -> None:

@@ -119,8 +119,10 @@ def replay(quiet: bool = False) -> int:
     average record's link). Returns how many things still wait."""
     from pipeline.tracking.buffer import replay_unsent
 
+    if not UNSENT_FILE.is_file():   # nothing waits: no lock taken, so no lock file left behind
+        return 0
     with unsent.locked():
-        runs_left = replay_unsent()
+        runs_left = replay_unsent(quiet=quiet)
         doc = unsent.load()
         if runs_left or not doc["records"]:
             return runs_left + len(doc["records"])

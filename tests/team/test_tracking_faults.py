@@ -102,6 +102,7 @@ def test_server_killed_during_training_loses_no_registration(stack, tmp_path, mo
     first_run = next(line.split()[2] for line in text.splitlines() if line.startswith("MLflow: run "))
     while_away = repro(m, "average", "tune")
     assert while_away.stderr.count(WAITING) == 2, while_away.stderr   # one line per stage
+    assert "MLflow replay of" not in while_away.stderr, while_away.stderr   # and no other about it
     queue = json.loads((m.path / "reports/mlflow_unsent.json").read_text())
     assert [r["stage"] for r in queue["records"]] == ["average", "tune"] and first_run in queue["runs"]
     kept = queue["runs"][first_run]   # the training's end, and the losses logged after the kill
@@ -137,8 +138,9 @@ def test_server_killed_during_training_loses_no_registration(stack, tmp_path, mo
     assert "resuming from step 40" in text, text
     second_run = next(line.split()[2] for line in text.splitlines() if line.startswith("MLflow: run "))
     assert second_run != first_run and f"continues the model of run {first_run}" in text, text
+    assert "logging the continued checkpoint's curve (" in text and f"from run {first_run}) into the new run" in text
     rest = repro(m)   # average, tune, evaluate
-    assert rest.stderr.count(WAITING) == 3, rest.stderr
+    assert rest.stderr.count(WAITING) == 3 and "MLflow replay of" not in rest.stderr, rest.stderr
     assert any("registration of 'faults-model'" in line for line in rest.stderr.splitlines() if WAITING in line)
     assert pending_challenger(m.path, paths.AVERAGED_MODEL).startswith("no challenger yet")
     assert "up to date" in m.dvc("status").stdout   # DVC is done: only the queue knows, and says so

@@ -1,0 +1,48 @@
+"""pipeline/tracking/deferred.py and buffer.py's replay: what waits for the tracking server, said in
+one line per stage while the server is away (the replay's own failure is silent there, said by the
+command that replays by hand), and no lock taken, nor its file made, when nothing waits."""
+
+from __future__ import annotations
+
+import socket
+
+from mlflow.entities import Metric
+
+from pipeline.tracking import buffer, deferred, unsent
+from pipeline.tracking.records import average as average_record
+
+
+def nowhere() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"   # closed again: nothing answers there
+
+
+def test_nothing_waiting_takes_no_lock_and_leaves_no_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", nowhere())   # never asked: nothing to send
+    assert deferred.replay() == 0 and deferred.replay(quiet=True) == 0 and buffer.replay_unsent() == 0
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_stage_says_what_waits_in_one_line_while_the_server_is_away(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", nowhere())
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    buffer.save_unsent("a" * 32, [Metric("train/loss", 2.5, 0, 10)], status="FINISHED")   # a training's leftovers
+    capsys.readouterr()
+
+    deferred.submit(average_record, {"checkpoints_used": 3})   # what a stage does at its end
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    (line,) = captured.err.splitlines()
+    assert line.startswith("warning: MLflow: waiting in reports/mlflow_unsent.json for http://127.0.0.1:")
+    assert "metrics/tags of run(s) aaaaaaaa; the average record(s); sent by the next stage" in line
+    doc = unsent.load()
+    assert list(doc["runs"]) == ["a" * 32] and [r["stage"] for r in doc["records"]] == ["average"]
+
+    # By hand (python -m pipeline.tracking.replay, make push): the replay says why it failed.
+    assert deferred.replay() == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("warning: MLflow replay of reports/mlflow_unsent.json failed (MlflowException: ")
+    assert line.endswith("kept for the next try")
