@@ -4,18 +4,12 @@ command that replays by hand), and no lock taken, nor its file made, when nothin
 
 from __future__ import annotations
 
-import socket
-
 from mlflow.entities import Metric
 
 from pipeline.tracking import buffer, deferred, unsent
 from pipeline.tracking.records import average as average_record
 
-
-def nowhere() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}"   # closed again: nothing answers there
+from .test_offline_training import nowhere
 
 
 def test_nothing_waiting_takes_no_lock_and_leaves_no_file(tmp_path, monkeypatch):
