@@ -10,13 +10,14 @@ each level of ``--levels`` (default 1, 4 and 16 closed-loop clients, each sendin
 when the last is answered), ``--requests-per-client`` (100) one-sentence requests from the test set.
 Prints p50, p95, p99 latency, sentences/s and errors per level and server. The references, in
 this process with the server's threads, measured close to the levels they are compared with (a shared
-machine's load moves from minute to minute): raw CTranslate2 (``translate_batch`` of the same engine
-on a sentence's pieces, with the options our wrapper passes) one sentence at a time just before and
-just after the one-client level; after each of our servers, the same engine's translator one sentence
-at a time and offline in batches of 16 (sentences/s; CTranslate2 given them all, its batches spread
-over its ``inter_threads``). Then a live swap under load (``--swap-clients`` clients, our server on
-the version's engine, its registry a temporary copy holding the version twice: the champion moved
-from one to the other, every answer must be a 200).
+machine's load moves from second to second): raw CTranslate2 (``translate_batch`` of the same engine
+on a sentence's pieces, with the options our wrapper passes) one sentence at a time on the sentences
+the one-client level sends, half just before and half just after it, for each of ``--rounds`` (5)
+rounds of that level (the latencies pooled, each round's ratio printed); after each of our servers,
+the same engine's translator one sentence at a time and offline in batches of 16 (sentences/s;
+CTranslate2 given them all, its batches spread over its ``inter_threads``). Then a live swap under
+load (``--swap-clients`` clients, our server on the version's engine, its registry a temporary copy
+holding the version twice: the champion moved from one to the other, every answer must be a 200).
 
 Then the serving issue's goals as ratios of this run, for our server on CTranslate2: one client's
 p50 over raw CTranslate2's one-sentence p50 (at most 1.25), the top level's sentences/s over the
@@ -78,6 +79,14 @@ class LoadResult:
     @property
     def sentences_per_s(self) -> float:
         return self.sentences / self.wall_s if self.wall_s else 0.0
+
+    def merge(self, other: LoadResult) -> None:
+        """Add ``other``'s requests (a level run again: its rounds)."""
+        self.latencies_s += other.latencies_s
+        self.errors += other.errors
+        self.sentences += other.sentences
+        self.unsent += other.unsent
+        self.wall_s += other.wall_s
 
     def summary(self) -> str:
         return (f"requests={len(self.latencies_s) + len(self.errors)} errors={len(self.errors)} unsent={self.unsent} "
@@ -404,6 +413,9 @@ def main() -> None:
     parser.add_argument("--intra-threads", type=int, default=intra, help="CTranslate2's (default: the server's)")
     parser.add_argument("--engines", help="our server's engines, comma-separated (default: the version's, then "
                                           "the other where it can decode)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="the lowest level on CTranslate2, each between two raw blocks: the one-client ratio is "
+                             "over them all, with each round's (a shared machine's load moves within seconds)")
     parser.add_argument("--time-limit", type=float, default=300.0, help="per level and server")
     parser.add_argument("--swap-clients", type=int, default=16, help="clients during the live swap")
     parser.add_argument("--no-mlflow", action="store_true", help="skip MLflow's server (no ratio)")
@@ -412,6 +424,8 @@ def main() -> None:
                                               "references keep the others, as if on another machine (set the "
                                               "threads to fit: a reference gets the same threads on as many cores)")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     if args.server_cpus:
         global SERVER_CPUS
         SERVER_CPUS = {int(c) for c in args.server_cpus.split(",")}
@@ -455,15 +469,22 @@ def main() -> None:
         process, url = start(module, name, server_options, args.threads)
         try:
             post(url, {"inputs": [sentences[0]]})   # warm-up
-            engine, raw = label.removeprefix("ours "), []
+            engine, raw, rounds = label.removeprefix("ours "), [], []
             for clients in levels:
-                # Raw CTranslate2 right before and after one client, under the same load of a shared
-                # machine (interleaved with the server's requests, each evicted the other's weights).
                 paired = engine == "ctranslate2" and clients == min(levels)
-                raw += refs[engine].raw_times(sentences[:60]) if paired else []
-                result = run_load(url, sentences, clients * args.requests_per_client, clients,
-                                  time_limit_s=args.time_limit)
-                raw += refs[engine].raw_times(sentences[60:120]) if paired else []
+                result = LoadResult()
+                for _ in range(args.rounds if paired else 1):
+                    # Raw CTranslate2 on the sentences this round sends (its requests cycle through them),
+                    # half right before and half right after it, under the same load of a shared machine.
+                    sent = [sentences[i % len(sentences)] for i in range(clients * args.requests_per_client)]
+                    before = refs[engine].raw_times(sent[:len(sent) // 2]) if paired else []
+                    one = run_load(url, sentences, clients * args.requests_per_client, clients,
+                                   time_limit_s=args.time_limit)
+                    raw_round = before + (refs[engine].raw_times(sent[len(sent) // 2:]) if paired else [])
+                    result.merge(one)
+                    raw += raw_round
+                    if raw_round and one.latencies_s:
+                        rounds.append(statistics.median(one.latencies_s) / statistics.median(raw_round))
                 results[(label, clients)] = result
                 print(f"{label:16s} clients={clients:<3d} {result.summary()}", flush=True)
                 for problem in result.errors[:3]:
@@ -471,8 +492,10 @@ def main() -> None:
             if raw:
                 measured["raw_s"] = statistics.median(raw)
                 print(f"raw CTranslate2 in-process (translate_batch, same compute type and threads), one sentence, "
-                      f"just before and after {min(levels)} client(s): p50_ms={1000 * measured['raw_s']:.1f}",
+                      f"just before and after {min(levels)} client(s): p50_ms={1000 * measured['raw_s']:.1f}; "
+                      f"{min(levels)} client(s) over raw, each round: {' '.join(f'{r:.2f}' for r in rounds)}",
                       flush=True)
+                measured["rounds"] = rounds
         finally:
             stop(process)
         if label.startswith("ours "):   # the same engine in this process, now that its server is gone
@@ -491,7 +514,9 @@ def main() -> None:
     if "raw_s" in measured:
         ours = {c: results[("ours ctranslate2", c)] for c in levels}
         one = statistics.median(ours[min(levels)].latencies_s or [math.nan])
-        print(f"one_client_p50_vs_raw={one / measured['raw_s']:.2f} (goal <= 1.25)")
+        spread = f", each {min(measured['rounds']):.2f}-{max(measured['rounds']):.2f}" if measured["rounds"] else ""
+        print(f"one_client_p50_vs_raw={one / measured['raw_s']:.2f} (goal <= 1.25; {len(measured['rounds'])} "
+              f"rounds pooled{spread})")
         print(f"top_vs_offline={ours[top].sentences_per_s / measured['ctranslate2_offline']:.2f} (goal >= 0.9)")
         if ("ours torch", top) in results:
             print(f"top_vs_torch_server={ours[top].sentences_per_s / results[('ours torch', top)].sentences_per_s:.2f}"

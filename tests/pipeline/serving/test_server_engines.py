@@ -180,7 +180,8 @@ def test_the_load_bench_runs_each_engine_mlflows_server_and_a_swap_on_a_ctransla
     try:
         done = subprocess.run([sys.executable, str(REPO / "bench" / "serve_load.py"), "--name", NAME, "--levels",
                                "1,4", "--requests-per-client", "3", "--threads", "1", "--inter-threads", "2",
-                               "--intra-threads", "1", "--swap-clients", "2"], cwd=store.root, capture_output=True,
+                               "--intra-threads", "1", "--swap-clients", "2", "--rounds", "2"], cwd=store.root,
+                              capture_output=True,
                               text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO),
                                                            "MLFLOW_TRACKING_URI": store.uri})
     finally:
@@ -192,17 +193,22 @@ def test_the_load_bench_runs_each_engine_mlflows_server_and_a_swap_on_a_ctransla
     for label in ("ours ctranslate2", "ours torch", "mlflow"):
         for clients in (1, 4):
             (line,) = [x for x in lines if re.match(rf"{label} +clients={clients} ", x)]
-            assert f"requests={3 * clients} errors=0" in line, line
+            rounds = 2 if (label, clients) == ("ours ctranslate2", 1) else 1   # the ratio's level, run twice
+            assert f"requests={3 * clients * rounds} errors=0" in line, line
     (swap,) = [x for x in lines if x.startswith("swap under load (2 clients, ctranslate2): ")]
     assert " errors=0 " in swap and re.search(r" versions=1:[1-9]\d*,2:[1-9]\d* ", swap), swap
-    assert any(x.startswith("raw CTranslate2 in-process (translate_batch, same compute type and threads), one "
-                            "sentence, just before and after 1 client(s): p50_ms=") for x in lines)
+    (raw,) = [x for x in lines if x.startswith("raw CTranslate2 in-process (translate_batch, same compute type and "
+                                                 "threads), one sentence, just before and after 1 client(s): p50_ms=")]
+    each = [float(r) for r in raw.split("each round: ")[1].split()]
+    assert len(each) == 2 and min(each) > 0, raw
     for engine in ("ctranslate2", "torch"):
         assert any(x.startswith(f"reference {engine} in-process, one sentence: p50_ms=") and
                    "; offline, batches of 16: sentences_per_s=" in x for x in lines), engine
     for goal in ("one_client_p50_vs_raw=", "top_vs_offline=", "top_vs_torch_server=", "p95_4_vs_p50_1="):
         (line,) = [x for x in lines if x.startswith(goal)]
         assert float(line.split("=")[1].split()[0]) > 0, line   # printed, never asserted: a shared machine
+    (ratio,) = [x for x in lines if x.startswith("one_client_p50_vs_raw=")]
+    assert f"2 rounds pooled, each {min(each):.2f}-{max(each):.2f})" in ratio, ratio
     assert "errors=0" in lines and lines[-1].startswith("ratio=") and float(lines[-1].split("=")[1]) > 0
 
 
@@ -228,4 +234,4 @@ def test_the_load_bench_can_put_the_server_on_its_own_cores_and_refuses_to_leave
     lines = done.stdout.splitlines()
     assert f"(servers on cores [{server_core}], clients and references on the others)" in lines[0], lines[0]
     (line,) = [x for x in lines if re.match(r"ours ctranslate2 +clients=1 ", x)]
-    assert "requests=3 errors=0" in line, line
+    assert "requests=15 errors=0" in line, line   # 5 rounds (the default) of 3
