@@ -5,12 +5,14 @@ The real app (``create_app``) on uvicorn in this process, bound to a free 127.0.
 a tiny random model with its real tokenizer. The hang and the crash are fakes of the decoder, and
 only here: ``Hanging`` wraps the real translator and its ``translate_ids`` blocks on an Event (or
 raises what no batch's error handling catches), which no real decoder can be made to do on demand.
-Also the share-out of a burst between CTranslate2's replicas (no HTTP)."""
+Also the share-out of a burst between CTranslate2's replicas (no HTTP), and the app's front door:
+``POST /invocations`` answered ahead of FastAPI's stack, every other request still FastAPI's."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import threading
 import time
 import urllib.error
@@ -156,6 +158,27 @@ def test_a_dead_inference_thread_makes_ready_503_and_requests_503_at_once(transl
     assert status == 503 and "the inference thread inference-0 died (DecoderCrash: simulated)" in text, text
     status, body, waited = timed(http, {"inputs": ["ef gh"]})
     assert status == 503 and "died" in body["message"] and waited < DEADLINE_S   # refused, not queued
+
+
+@pytest.mark.service
+def test_invocations_is_answered_ahead_of_fastapi_and_every_other_request_is_still_fastapis(translator, running):
+    fake = Hanging(translator)
+    fake.release.set()   # decodes at once
+    http, server, thread = serve(fake)
+    running.append((fake, server, thread))
+    status, body, headers = http.post({"inputs": ["ab cd", "ef"]})
+    assert status == 200 and len(body["predictions"]) == 2 and headers["X-Model-Version"] == "1", body
+    assert headers["Content-Type"] == "application/json"
+    status, body, _ = http.post({"text": ["ab"]})   # the pyfunc format's checks, in the handler
+    assert status == 400 and body["error_code"] == "BAD_REQUEST", body
+    assert http.metrics()['translation_requests_total{status=200}'] == 1
+    assert http.metrics()['translation_requests_total{status=400}'] == 1
+    status, body, _ = http.get("/invocations")   # another method: FastAPI's router answers
+    assert status == 405 and b"Method Not Allowed" in body, body
+    status, schema, _ = http.get("/openapi.json")   # and its schema still lists the route
+    assert status == 200 and "post" in json.loads(schema)["paths"]["/invocations"]
+    status, body, _ = http.get("/version")
+    assert status == 200 and json.loads(body)["version"] == "1"
 
 
 class Replicas:
