@@ -193,7 +193,7 @@ def test_the_load_bench_runs_each_engine_mlflows_server_and_a_swap_on_a_ctransla
     for label in ("ours ctranslate2", "ours torch", "mlflow"):
         for clients in (1, 4):
             (line,) = [x for x in lines if re.match(rf"{label} +clients={clients} ", x)]
-            rounds = 2 if (label, clients) == ("ours ctranslate2", 1) else 1   # the ratio's level, run twice
+            rounds = 2 if label == "ours ctranslate2" else 1   # the goals' levels (the lowest, the top), twice
             assert f"requests={3 * clients * rounds} errors=0" in line, line
     (swap,) = [x for x in lines if x.startswith("swap under load (2 clients, ctranslate2): ")]
     assert " errors=0 " in swap and re.search(r" versions=1:[1-9]\d*,2:[1-9]\d* ", swap), swap
@@ -209,6 +209,15 @@ def test_the_load_bench_runs_each_engine_mlflows_server_and_a_swap_on_a_ctransla
         assert float(line.split("=")[1].split()[0]) > 0, line   # printed, never asserted: a shared machine
     (ratio,) = [x for x in lines if x.startswith("one_client_p50_vs_raw=")]
     assert f"2 rounds pooled, each {min(each):.2f}-{max(each):.2f})" in ratio, ratio
+    (offline,) = [x for x in lines if x.startswith("offline CTranslate2 in-process (batches of 16), just before and "
+                                                   "after 4 client(s): sentences_per_s=")]
+    pooled = float(offline.split("sentences_per_s=")[1].split(";")[0])
+    tops = [float(r) for r in offline.split("each round: ")[1].split()]
+    assert pooled > 0 and len(tops) == 2 and min(tops) > 0, offline
+    (reference,) = [x for x in lines if x.startswith("reference ctranslate2 in-process")]
+    assert f"sentences_per_s={pooled:.1f}" in reference, reference   # one offline figure: the rounds'
+    (ratio,) = [x for x in lines if x.startswith("top_vs_offline=")]
+    assert f"2 rounds pooled, each {min(tops):.2f}-{max(tops):.2f})" in ratio, ratio
     assert "errors=0" in lines and lines[-1].startswith("ratio=") and float(lines[-1].split("=")[1]) > 0
 
 
@@ -235,3 +244,5 @@ def test_the_load_bench_can_put_the_server_on_its_own_cores_and_refuses_to_leave
     assert f"(servers on cores [{server_core}], clients and references on the others)" in lines[0], lines[0]
     (line,) = [x for x in lines if re.match(r"ours ctranslate2 +clients=1 ", x)]
     assert "requests=15 errors=0" in line, line   # 5 rounds (the default) of 3
+    assert any(x.startswith("offline CTranslate2 in-process (batches of 16), just before and after 1 client(s)")
+               for x in lines)   # one level, the lowest and the top: both references around its rounds
