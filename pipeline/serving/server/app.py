@@ -25,6 +25,7 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -170,7 +171,7 @@ class InvocationsFirst:
     and the decoder loses under load. The route stays registered there, so the OpenAPI schema
     (``/docs``) still lists it."""
 
-    def __init__(self, app: FastAPI, invocations: Any) -> None:
+    def __init__(self, app: FastAPI, invocations: Callable[[Request], Awaitable[Response]]) -> None:
         self.app, self.invocations = app, invocations
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
