@@ -492,8 +492,8 @@ def main() -> None:
                 paired = engine == "ctranslate2" and clients == min(levels)
                 at_top = engine == "ctranslate2" and clients == max(levels)
                 result = LoadResult()
+                sent = [sentences[i % len(sentences)] for i in range(clients * args.requests_per_client)]
                 for _ in range(args.rounds if paired or at_top else 1):
-                    sent = [sentences[i % len(sentences)] for i in range(clients * args.requests_per_client)]
                     before = refs[engine].raw_times(sent[:len(sent) // 2]) if paired else []
                     offline_round = [(len(halves[0]), refs[engine].offline_seconds(halves[0]))] if at_top else []
                     one = run_load(url, sentences, clients * args.requests_per_client, clients,

@@ -181,9 +181,8 @@ def test_the_load_bench_runs_each_engine_mlflows_server_and_a_swap_on_a_ctransla
         done = subprocess.run([sys.executable, str(REPO / "bench" / "serve_load.py"), "--name", NAME, "--levels",
                                "1,4", "--requests-per-client", "3", "--threads", "1", "--inter-threads", "2",
                                "--intra-threads", "1", "--swap-clients", "2", "--rounds", "2"], cwd=store.root,
-                              capture_output=True,
-                              text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO),
-                                                           "MLFLOW_TRACKING_URI": store.uri})
+                              capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": store.uri})
     finally:
         store.champion("1")
     assert done.returncode == 0, done.stderr[-2000:]
