@@ -19,9 +19,11 @@ CTranslate2 where the engine is ctranslate2.
 ``predict`` checks its input before decoding anything, and a bad request is an
 ``MlflowException`` with ``INVALID_PARAMETER_VALUE`` (the scoring server answers 400 with the
 message and keeps serving): an empty or non-string text, a text over ``MAX_CHARS`` characters
-or over the model's source positions in pieces, more than ``MAX_SENTENCES`` sentences in one
+or over the model's source positions in pieces, a text that is not valid Unicode (a lone surrogate,
+which JSON's ``\\ud800`` escape can send and no tokenizer can read), more than ``MAX_SENTENCES`` sentences in one
 request, or params outside a request's limits (``pipeline.serving.decoding.request_settings``:
-a beam size outside 1..16, an alpha outside 0..10, an unknown stopping rule).
+a beam size outside 1..16 or over half the model's vocabulary, an alpha outside 0..10, an unknown
+stopping rule).
 """
 
 from __future__ import annotations
@@ -107,6 +109,11 @@ class TranslatorModel(mlflow.pyfunc.PythonModel):
             if len(sentence) > MAX_CHARS:
                 raise invalid(f"text[{i}] has {len(sentence)} characters; at most {MAX_CHARS} (one sentence per "
                               "input)")
+            try:
+                sentence.encode("utf-8")
+            except UnicodeEncodeError as err:   # JSON's "\ud800" escape: no character, and no UTF-8 for it
+                raise invalid(f"text[{i}] is not valid Unicode: a lone surrogate "
+                              f"(U+{ord(sentence[err.start]):04X}) at character {err.start}") from None
         ids = self.translator.tokenizer.encode([s.strip() for s in sentences])
         limit = self.translator.max_source_tokens
         for i, pieces in enumerate(ids):
@@ -121,9 +128,14 @@ class TranslatorModel(mlflow.pyfunc.PythonModel):
         from pipeline.serving.decoding import RequestError, request_settings
 
         try:
-            return request_settings(self.translator.decoding, params)
+            settings = request_settings(self.translator.decoding, params)
         except RequestError as err:
             raise invalid(str(err)) from None
+        most = self.translator.tokenizer.vocab_size // 2   # the search's 2K candidates must exist (§6.1)
+        if settings.beam_size > most:
+            raise invalid(f"params: beam_size must be at most {most} for this model (half its vocabulary), got "
+                          f"{settings.beam_size}")
+        return settings
 
     def predict(self, context: mlflow.pyfunc.PythonModelContext | None, model_input: pd.DataFrame,
                 params: dict[str, Any] | None = None) -> list[str]:

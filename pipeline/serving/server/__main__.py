@@ -29,6 +29,7 @@ from pipeline.config.errors import ParamsError
 from pipeline.config.loader import PARAMS
 from pipeline.config.params import load_params
 from pipeline.serving.decoding import ENGINES
+from pipeline.serving.mlflow_model import MAX_SENTENCES
 from pipeline.serving.mlflow_server import DEFAULT_PORT, HOST, ServingError
 from pipeline.serving.server.app import ServerSettings, ServerState, create_app
 from pipeline.serving.server.batcher import Batcher
@@ -67,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--poll-seconds", type=float, default=30.0, help="registry poll interval (live swap)")
     parser.add_argument("--deadline-seconds", type=float, default=30.0,
                         help="a request not started within this is answered 503, undecoded")
-    parser.add_argument("--max-queue-sentences", type=int, default=512, help="beyond this, 429")
+    parser.add_argument("--max-queue-sentences", type=int, default=512,
+                        help="beyond this, 429 (a request of more sentences alone: 413)")
     parser.add_argument("--max-batch-tokens", type=int, default=4096, help="source pieces per decoded batch")
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="a larger body gets 413 unparsed")
     parser.add_argument("--threads", type=int, default=default_threads(),
@@ -89,8 +91,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain-seconds", type=float, default=30.0, help="on SIGTERM, time to answer the queue")
     parser.add_argument("--decode-delay-ms", type=float, default=0.0, help=argparse.SUPPRESS)   # tests: a slow decode
     args = parser.parse_args(argv)
-    if min(args.threads, args.inter_threads, args.intra_threads) < 1 or args.stall_seconds <= 0:
-        parser.error("--threads, --inter-threads and --intra-threads must be at least 1, --stall-seconds above 0")
+    if min(args.threads, args.inter_threads, args.intra_threads, args.max_queue_sentences) < 1 \
+            or args.stall_seconds <= 0:
+        parser.error("--threads, --inter-threads, --intra-threads and --max-queue-sentences must be at least 1, "
+                     "--stall-seconds above 0")
+    if args.max_queue_sentences < MAX_SENTENCES:
+        print(f"warning: --max-queue-sentences {args.max_queue_sentences} is below the {MAX_SENTENCES} sentences a "
+              "request may hold: a larger request is answered 413 (split it)", file=sys.stderr, flush=True)
     if args.inter_threads * args.intra_threads > cores():
         print(f"warning: CTranslate2's {args.inter_threads} x {args.intra_threads} threads are more than the "
               f"{cores()} cores: they will wait on each other", file=sys.stderr, flush=True)

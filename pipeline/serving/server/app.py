@@ -4,8 +4,15 @@
 inference side cannot answer: a dead inference thread, or no batch finished for ``stall_seconds``
 while requests wait), ``/version``, ``/metrics``.
 
-Backpressure and bounds: a body over ``max_body_bytes`` is refused (413) before it is parsed; a full
-queue answers 429 with ``Retry-After``; a request still queued at its deadline (``deadline_seconds``)
+Every refusal is one JSON error (``{"error_code": ..., "message": ...}``), a 4xx for what the client
+sent: malformed JSON, JSON nested deeper than the parser goes, or a body the pyfunc model's checks
+refuse, 400. A client that goes away before its body is read is counted as 499 (nginx's "client
+closed request") and logged in one line.
+
+Backpressure and bounds: a body over ``max_body_bytes`` is refused (413) before it is parsed, and so
+is a request of more sentences than the queue holds when empty (``max_queue_sentences``: it could never
+be queued, so no retry would help); a full queue answers 429 with ``Retry-After`` (it drains); a
+server shutting down answers 503; a request still queued at its deadline (``deadline_seconds``)
 is taken out of the queue and answered 503 undecoded; one whose batch has decoded for
 ``stall_seconds`` (past its deadline) is answered 504 while the batch goes on. So every request is
 answered within ``deadline_seconds + stall_seconds``, whatever the decoder does.
@@ -25,6 +32,7 @@ import json
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,9 +40,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.types import Receive, Scope, Send
+from starlette.middleware.errors import ServerErrorMiddleware
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from pipeline.serving.server.batcher import Batcher, DeadlineExceeded, Job, QueueFull, Unavailable
+from pipeline.serving.server.batcher import Batcher, DeadlineExceeded, Job, QueueFull, TooLarge, Unavailable
 from pipeline.serving.server.metrics import ServerMetrics
 from pipeline.serving.server.model_source import ServedModel, load_version, wanted_version
 from pipeline.serving.server.requests import BadRequest, checked
@@ -164,20 +174,41 @@ async def read_body(request: Request, limit: int) -> bytes | None:
 
 
 class InvocationsFirst:
-    """The ASGI app: ``POST /invocations`` goes straight to its handler, everything else (and the
-    lifespan) to the FastAPI app. FastAPI's route and middleware layers took more of the event
-    loop's time than our handling does: without them a one-sentence request costs the loop 0.74-0.79
-    ms of a core instead of 0.81-1.16 (docs/benchmarks.md), time every answer waits for at one client
-    and the decoder loses under load. The route stays registered there, so the OpenAPI schema
-    (``/docs``) still lists it."""
+    """The ASGI app: ``POST /invocations`` goes to its handler through Starlette's error middleware
+    and the middleware added to the app (``add_middleware``: auth, CORS, ...), but not through
+    FastAPI's router, its exception middleware and its route's request handling; everything else (and
+    the lifespan) goes to the FastAPI app. Those layers took more of the event loop's time than our
+    handling does: without them a one-sentence request costs the loop 0.74-0.79 ms of a core instead
+    of 0.81-1.16 (docs/benchmarks.md), time every answer waits for at one client and the decoder loses
+    under load. The route stays registered there, so the OpenAPI schema (``/docs``) still lists it.
+    The stack is built at the first request, as Starlette builds its own: middleware is added before."""
 
     def __init__(self, app: FastAPI, invocations: Callable[[Request], Awaitable[Response]]) -> None:
         self.app, self.invocations = app, invocations
+        self._invocations_stack: ASGIApp | None = None
+
+    def add_middleware(self, middleware_class: Any, *args: Any, **kwargs: Any) -> None:
+        """Add a middleware to the app, ``/invocations`` included (Starlette's ``add_middleware``)."""
+        if self._invocations_stack is not None:
+            raise RuntimeError("Cannot add middleware after an application has started")
+        self.app.add_middleware(middleware_class, *args, **kwargs)
+
+    async def _endpoint(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = await self.invocations(Request(scope, receive))
+        await response(scope, receive, send)
+
+    def _stack(self) -> ASGIApp:
+        """Starlette's stack (``Starlette.build_middleware_stack``) around ``_endpoint``."""
+        stack: ASGIApp = self._endpoint
+        for middleware_class, args, kwargs in reversed(self.app.user_middleware):
+            stack = middleware_class(stack, *args, **kwargs)
+        return ServerErrorMiddleware(stack, debug=self.app.debug)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == "/invocations":
-            response = await self.invocations(Request(scope, receive))
-            await response(scope, receive, send)
+            if self._invocations_stack is None:
+                self._invocations_stack = self._stack()
+            await self._invocations_stack(scope, receive, send)
             return
         await self.app(scope, receive, send)
 
@@ -202,6 +233,14 @@ def create_app(state: ServerState) -> InvocationsFirst:
         model.requests += 1   # on the event loop only: the drain of a swapped-out version reads it
         try:
             status, response = await _invocation(request, model)
+        except ClientDisconnect:
+            status, response = 499, Response(status_code=499)   # nobody to read it; counted, not decoded
+            print(f"warning: a client went away before its request's body was read; not decoded (499; version "
+                  f"{model.version})", file=sys.stderr, flush=True)
+        except Exception as err:   # noqa: BLE001 - a bug of ours: one JSON 500, counted, its traceback once
+            traceback.print_exc()
+            status, response = 500, error(500, f"{type(err).__name__}: {str(err)[:300]}", "INTERNAL_ERROR",
+                                          model.version)
         finally:
             model.requests -= 1
         metrics.requests.labels(str(status)).inc()
@@ -217,17 +256,25 @@ def create_app(state: ServerState) -> InvocationsFirst:
                               "REQUEST_LIMIT_EXCEEDED", version)
         try:
             parsed = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        except ValueError as err:   # JSONDecodeError, UnicodeDecodeError, an integer of over 4300 digits
             return 400, error(400, f"malformed JSON: {err}", "MALFORMED_REQUEST", version)
+        except RecursionError:
+            return 400, error(400, "malformed JSON: nested deeper than the parser reads (a request is a few "
+                              "levels deep)", "MALFORMED_REQUEST", version)
         try:
             ids, decoding = checked(model.translator, parsed)
         except BadRequest as err:
             return 400, error(400, err.message, err.error_code, version)
+        except RecursionError:   # a body nested just under the parser's limit, deeper in pandas or repr
+            return 400, error(400, "the body is nested too deeply for a request (a request is a few levels "
+                              "deep)", "BAD_REQUEST", version)
         loop = asyncio.get_running_loop()
         settings = state.settings
         job = Job(ids, model, decoding, time.monotonic() + settings.deadline_seconds, loop.create_future(), loop)
         try:
             state.batcher.submit(job)
+        except TooLarge as err:
+            return 413, error(413, f"{err}: split the request", "REQUEST_LIMIT_EXCEEDED", version)
         except QueueFull as err:
             return 429, error(429, f"too many requests queued ({err}); retry shortly", "RESOURCE_EXHAUSTED",
                               version, **{"Retry-After": "1"})

@@ -1,6 +1,7 @@
 """Batching across requests: inference threads decode for every request.
 
-A request's sentences join a bounded queue (full: ``QueueFull``, answered 429). A free inference
+A request's sentences join a bounded queue (full: ``QueueFull``, answered 429; more sentences than
+it holds when empty: ``TooLarge``, 413; shutting down: ``Unavailable``, 503). A free inference
 thread takes what is queued for one version, up to ``max_batch_tokens`` source pieces, groups it by
 decoding settings (beam size, alpha, stopping rule), decodes each group as one call of the
 translator (which sorts by length), and hands each request its own translations. No timer: a free
@@ -37,7 +38,11 @@ from pipeline.serving.server.requests import Pieces
 
 
 class QueueFull(RuntimeError):
-    pass
+    """The queue holds too many sentences now: it drains, a retry may fit."""
+
+
+class TooLarge(ValueError):
+    """A request of more sentences than the queue holds when empty: no retry can fit it."""
 
 
 class DeadlineExceeded(RuntimeError):
@@ -45,7 +50,8 @@ class DeadlineExceeded(RuntimeError):
 
 
 class Unavailable(RuntimeError):
-    """No inference thread is left to decode (each died): the message says why."""
+    """Nothing will decode it: no inference thread is left (each died), or the server is shutting
+    down; the message says which."""
 
 
 @dataclass(eq=False)   # compared by identity: a job is withdrawn from the queue by being itself
@@ -118,8 +124,11 @@ class Batcher:
 
     def submit(self, job: Job) -> None:
         with self.cond:
+            if len(job.ids) > self.max_queue_sentences:
+                raise TooLarge(f"{len(job.ids)} sentences in one request; this server queues at most "
+                               f"{self.max_queue_sentences} (--max-queue-sentences)")
             if self.stopping:
-                raise QueueFull("the server is shutting down")
+                raise Unavailable("the server is shutting down")
             if self._all_dead():
                 raise Unavailable(self._death())
             if self.queued_sentences + len(job.ids) > self.max_queue_sentences:

@@ -36,23 +36,33 @@ def model_input_of(body: Any) -> tuple[Any, dict[str, Any]]:
     if len(keys) != 1:
         raise BadRequest(f"the body must have exactly one of {', '.join(FORMATS)}; it has {sorted(body)[:6]}",
                          "BAD_REQUEST")
-    params = body.get("params") or {}
+    params = body.get("params")
+    params = {} if params is None else params
     if not isinstance(params, dict):
         raise BadRequest("params must be a JSON object, e.g. {\"beam_size\": 4}")
-    value = body[keys[0]]
-    if keys[0] == "dataframe_records" and (texts := _one_column_of_text(value)) is not None:
+    form, value = keys[0], body[keys[0]]
+    # MLflow's scoring server's own shape checks (``dataframe_from_parsed_json``): a string of
+    # records would otherwise be read as one record a character.
+    if form == "dataframe_records" and not isinstance(value, list):
+        raise BadRequest(f"dataframe_records must be a list of records, e.g. [{{\"text\": ...}}], got "
+                         f"{type(value).__name__}")
+    if form == "dataframe_split" and not (isinstance(value, dict) and "data" in value
+                                          and set(value) <= {"columns", "data", "index"}):
+        raise BadRequest("dataframe_split must be an object with 'data' and optionally 'columns' and 'index', "
+                         "e.g. {\"columns\": [\"text\"], \"data\": [[...]]}")
+    if form == "dataframe_records" and (texts := _one_column_of_text(value)) is not None:
         return texts, params
     try:
-        if keys[0] == "dataframe_records":
-            data: Any = pd.DataFrame.from_records(value)
-        elif keys[0] == "dataframe_split":
-            data = pd.DataFrame(value.get("data"), columns=value.get("columns"))
+        if form == "dataframe_records":
+            data: Any = pd.DataFrame(data=value)
+        elif form == "dataframe_split":
+            data = pd.DataFrame(value["data"], columns=value.get("columns"), index=value.get("index"))
         elif isinstance(value, dict):
             data = pd.DataFrame(value)
         else:
             data = value
-    except (TypeError, ValueError, AttributeError) as err:
-        raise BadRequest(f"{keys[0]} is not a table: {err}") from None
+    except Exception as err:   # noqa: BLE001 - whatever pandas makes of a stranger's table is a 400
+        raise BadRequest(f"{form} is not a table: {type(err).__name__}: {str(err)[:200]}") from None
     return data, params
 
 
@@ -74,7 +84,7 @@ class Pieces:
     and batches hold a few sentences."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
-        self.sp = tokenizer.sp
+        self.sp, self.vocab_size = tokenizer.sp, tokenizer.vocab_size
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         return [self.sp.encode(text, out_type=int) for text in texts]

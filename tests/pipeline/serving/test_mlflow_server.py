@@ -204,6 +204,10 @@ def test_records_and_inputs_forms_translate_like_the_translator(served):
     ({"inputs": ["A dog."], "params": {"stopping": "soon"}}, "stopping must be one of exact, fairseq"),
     ({"dataframe_records": [{"text": "A dog."}] * 300}, "300 sentences in one request; at most 256"),
     ({"dataframe_records": [{"other": "A dog."}]}, "text"),
+    # JSON's lone-surrogate escape is no text: MLflow's schema enforcement refuses it before the model's
+    # own check does (test_mlflow_model).
+    ({"inputs": ["A \ud800 dog."]}, "surrogates not allowed"),
+    ({"dataframe_records": "abc"}, "must be a list of records"),   # MLflow's own check of the form
 ])
 def test_bad_inputs_get_a_400_with_the_reason(served, payload, message):
     status, body = post(served, payload)

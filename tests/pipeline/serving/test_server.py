@@ -42,9 +42,10 @@ class Server:
     def url(self) -> str:
         return f"{self.base}/invocations"
 
-    def get(self, path: str) -> tuple[int, bytes, dict]:
+    def get(self, path: str, **headers: str) -> tuple[int, bytes, dict]:
         try:
-            with urllib.request.urlopen(f"{self.base}{path}", timeout=30) as r:
+            with urllib.request.urlopen(urllib.request.Request(f"{self.base}{path}", headers=headers),
+                                        timeout=30) as r:
                 return r.status, r.read(), r.headers
         except urllib.error.HTTPError as err:
             return err.code, err.read(), err.headers
@@ -57,9 +58,9 @@ class Server:
         except urllib.error.HTTPError as err:
             return err.code, json.loads(err.read() or b"{}"), err.headers
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self, **headers: str) -> dict[str, float]:
         values = {}
-        for family in text_string_to_metric_families(self.get("/metrics")[1].decode()):
+        for family in text_string_to_metric_families(self.get("/metrics", **headers)[1].decode()):
             for sample in family.samples:
                 labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
                 values[sample.name + (f"{{{labels}}}" if labels else "")] = sample.value

@@ -74,14 +74,28 @@ def translator(tokenizer_file) -> Translator:
                       packed=False)
 
 
-def serve(translator) -> tuple[Server, uvicorn.Server, threading.Thread]:   # noqa: ANN001
+def state_of(translator, max_queue_sentences: int = 512, **settings) -> ServerState:   # noqa: ANN001, ANN003
+    """The app's state around ``translator``: this module's bounds unless ``settings`` says otherwise."""
     model = ServedModel("health", "1", "alias champion", "run", translator)
-    settings = ServerSettings("health", "sqlite:///unused.db", poll_seconds=3600, deadline_seconds=DEADLINE_S,
-                              drain_seconds=1.0, stall_seconds=STALL_S)
-    state = ServerState(settings, model, Batcher(threads=1, stall_seconds=STALL_S), ServerMetrics())
+    settings = ServerSettings("health", "sqlite:///unused.db", **{
+        "poll_seconds": 3600, "deadline_seconds": DEADLINE_S, "drain_seconds": 1.0, "stall_seconds": STALL_S,
+        **settings})
+    metrics = ServerMetrics()
+    batcher = Batcher(max_queue_sentences, threads=1, on_batch=metrics.on_batch, stall_seconds=settings.stall_seconds)
+    state = ServerState(settings, model, batcher, metrics)
     state.set_current(model)
+    return state
+
+
+def serve(translator, middleware: tuple = (), state: ServerState | None = None,   # noqa: ANN001
+          **settings) -> tuple[Server, uvicorn.Server, threading.Thread]:   # noqa: ANN003
+    """The real app on uvicorn in a thread of this process, on a free 127.0.0.1 port; ``middleware``
+    (pairs of a class and its keyword arguments) added to the app before it starts."""
+    app = create_app(state or state_of(translator, **settings))
+    for middleware_class, kwargs in middleware:
+        app.add_middleware(middleware_class, **kwargs)
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
