@@ -187,7 +187,7 @@ def _request_value(name: str, value: Any) -> Any:
         if not isinstance(value, bool):
             try:
                 number = float(value) if isinstance(value, (int, float, str)) else None
-            except ValueError:
+            except (ValueError, OverflowError):   # OverflowError: an integer past float's range
                 number = None
         if number is None or not math.isfinite(number) or (rule.kind is int and not number.is_integer()):
             article = "an integer" if rule.kind is int else "a number"

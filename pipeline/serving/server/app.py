@@ -198,16 +198,21 @@ class InvocationsFirst:
         await response(scope, receive, send)
 
     def _stack(self) -> ASGIApp:
-        """Starlette's stack (``Starlette.build_middleware_stack``) around ``_endpoint``."""
+        """Starlette's stack (``Starlette.build_middleware_stack``) around ``_endpoint``: its error
+        middleware with the app's handler for 500 (or Exception), then the user middleware; not
+        FastAPI's own additions (its exception and exit-stack middleware)."""
         stack: ASGIApp = self._endpoint
         for middleware_class, args, kwargs in reversed(self.app.user_middleware):
             stack = middleware_class(stack, *args, **kwargs)
-        return ServerErrorMiddleware(stack, debug=self.app.debug)
+        handlers = self.app.exception_handlers
+        return ServerErrorMiddleware(stack, handler=handlers.get(500) or handlers.get(Exception),
+                                     debug=self.app.debug)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == "/invocations":
             if self._invocations_stack is None:
                 self._invocations_stack = self._stack()
+            scope["app"] = self.app   # as Starlette sets it: a middleware may read request.app
             await self._invocations_stack(scope, receive, send)
             return
         await self.app(scope, receive, send)
@@ -256,8 +261,9 @@ def create_app(state: ServerState) -> InvocationsFirst:
                               "REQUEST_LIMIT_EXCEEDED", version)
         try:
             parsed = json.loads(body)
-        except ValueError as err:   # JSONDecodeError, UnicodeDecodeError, an integer of over 4300 digits
-            return 400, error(400, f"malformed JSON: {err}", "MALFORMED_REQUEST", version)
+        except ValueError as err:   # JSONDecodeError, UnicodeDecodeError, or an integer of over 4300 digits
+            why = err if isinstance(err, (json.JSONDecodeError, UnicodeDecodeError)) else "a number of over 4300 digits"
+            return 400, error(400, f"malformed JSON: {why}", "MALFORMED_REQUEST", version)
         except RecursionError:
             return 400, error(400, "malformed JSON: nested deeper than the parser reads (a request is a few "
                               "levels deep)", "MALFORMED_REQUEST", version)

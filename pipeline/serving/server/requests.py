@@ -43,9 +43,11 @@ def model_input_of(body: Any) -> tuple[Any, dict[str, Any]]:
     form, value = keys[0], body[keys[0]]
     # MLflow's scoring server's own shape checks (``dataframe_from_parsed_json``): a string of
     # records would otherwise be read as one record a character.
-    if form == "dataframe_records" and not isinstance(value, list):
-        raise BadRequest(f"dataframe_records must be a list of records, e.g. [{{\"text\": ...}}], got "
-                         f"{type(value).__name__}")
+    if form == "dataframe_records" and not (isinstance(value, list) and all(isinstance(r, dict) for r in value)):
+        got = type(value).__name__ if not isinstance(value, list) else "a list of " + ", ".join(
+            sorted({type(r).__name__ for r in value if not isinstance(r, dict)}))
+        raise BadRequest(f"dataframe_records must be a list of records (JSON objects), e.g. [{{\"text\": ...}}], "
+                         f"got {got}")
     if form == "dataframe_split" and not (isinstance(value, dict) and "data" in value
                                           and set(value) <= {"columns", "data", "index"}):
         raise BadRequest("dataframe_split must be an object with 'data' and optionally 'columns' and 'index', "

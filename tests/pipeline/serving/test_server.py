@@ -201,6 +201,8 @@ def test_a_full_queue_answers_429_and_a_passed_deadline_503_undecoded(registered
         assert all(headers.get("Retry-After") == "1" for status, _, headers in answers if status in (429, 503))
         metrics = slow.metrics()
         assert metrics["translation_batch_sentences_sum"] == statuses.count(200)   # the 503s were not decoded
+        assert ("warning: --max-queue-sentences 2 is below the 256 sentences a request may hold: a larger request "
+                "is answered 413 (split it)") in slow.log.read_text()
     finally:
         assert slow.stop() == 0
 

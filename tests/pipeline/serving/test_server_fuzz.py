@@ -47,14 +47,14 @@ ANY_TEXT = (st.text(st.characters(exclude_categories=["Co"]), max_size=40)
             | st.builds(lambda before, surrogate, after: before + chr(surrogate) + after, st.text("ab cd", max_size=8),
                         st.integers(0xD800, 0xDFFF), st.text("ab cd", max_size=8)))
 SCALARS = (st.none() | st.booleans() | st.integers() | st.floats() | ANY_TEXT
-           | st.integers(min_value=10**18, max_value=10**40))
+           | st.integers(min_value=10**18, max_value=10**40) | st.integers(min_value=-10**400, max_value=10**400))
 JSON = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(ANY_TEXT, inner, max_size=4),
                     max_leaves=20)
 TEXTS = st.sampled_from(SOURCES) | ANY_TEXT | st.text("abcdefgh ", max_size=1200)   # over MAX_CHARS too
 SENTENCES = st.lists(TEXTS, max_size=6) | st.lists(st.sampled_from(SOURCES), min_size=250, max_size=270)
 PARAM_NAMES = st.sampled_from(["beam_size", "alpha", "stopping", "max_len_b", "engine", "compute_type"]) | ANY_TEXT
-PARAM_VALUES = (st.integers(-3, 20) | st.floats(-1, 12) | st.sampled_from(["exact", "fairseq", "4", "0.6", "", "NaN"])
-                | JSON)
+PARAM_VALUES = (st.integers(-3, 20) | st.floats(-1, 12) | st.integers(10**300, 10**400)
+                | st.sampled_from(["exact", "fairseq", "4", "0.6", "", "NaN"]) | JSON)
 PARAMS = st.one_of(*[st.dictionaries(PARAM_NAMES, PARAM_VALUES, max_size=3)] * 3, JSON)   # mostly an object
 RECORDS = st.lists(st.dictionaries(st.sampled_from(["text", "other"]), TEXTS | JSON, max_size=2), max_size=6)
 SPLIT = st.fixed_dictionaries({"data": st.lists(st.lists(TEXTS | JSON, max_size=2), max_size=6) | JSON},

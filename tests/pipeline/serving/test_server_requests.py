@@ -56,10 +56,15 @@ def post_bytes(http, body: bytes, **headers: str) -> tuple[int, dict, dict]:   #
     (b'{"inputs": ' + b"[" * 2000 + b"]" * 2000 + b"}", "MALFORMED_REQUEST", "nested deeper"),
     (b'{"dataframe_records": "abc"}', "INVALID_PARAMETER_VALUE",   # was 200: one prediction a character
      "dataframe_records must be a list of records"),
-    (b'{"dataframe_records": {"text": "ab"}}', "INVALID_PARAMETER_VALUE", "must be a list of records, e.g."),
+    (b'{"dataframe_records": {"text": "ab"}}', "INVALID_PARAMETER_VALUE", "a list of records (JSON objects), e.g."),
     (b'{"dataframe_split": {"data": [["ab"]], "rows": 1}}', "INVALID_PARAMETER_VALUE",
      "dataframe_split must be an object with 'data'"),
-    (b'{"inputs": [' + b"9" * 5000 + b"]}", "MALFORMED_REQUEST", "malformed JSON"),   # int over 4300 digits
+    (b'{"dataframe_records": ["ab", "cd"]}', "INVALID_PARAMETER_VALUE", "got a list of str"),   # no records
+    (b'{"inputs": [' + b"9" * 5000 + b"]}", "MALFORMED_REQUEST", "malformed JSON: a number of over 4300 digits"),
+    (b'{"inputs": ["ab"], "params": {"beam_size": 1' + b"0" * 400 + b"}}", "INVALID_PARAMETER_VALUE",
+     "params: beam_size must be an integer, got int 1000"),   # past float's range: was OverflowError, 500
+    (b'{"inputs": ["ab"], "params": {"alpha": -1' + b"0" * 400 + b"}}", "INVALID_PARAMETER_VALUE",
+     "params: alpha must be a number"),
     (b'{"inputs": ["ab"], "params": []}', "INVALID_PARAMETER_VALUE", "params must be a JSON object"),
 ])
 def test_bodies_that_were_a_500_or_a_200_are_one_json_400(translator, running, body, code, message):
@@ -119,7 +124,8 @@ def test_a_client_gone_before_its_body_is_read_is_counted_and_logged_once(transl
 
 class RefuseWithoutToken:
     """A pure ASGI middleware, as an authentication layer is: without the token, 401 and the app is
-    never called; with it, each answer is stamped."""
+    never called; with it, each answer is stamped with the app it reached (``scope["app"]``, which
+    Starlette sets and middleware may read as ``request.app``)."""
 
     def __init__(self, app) -> None:   # noqa: ANN001
         self.app = app
@@ -134,7 +140,8 @@ class RefuseWithoutToken:
 
         async def stamped(message: dict) -> None:
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message["headers"], (b"x-checked", b"yes")]}
+                app = type(scope["app"]).__name__.encode()
+                message = {**message, "headers": [*message["headers"], (b"x-checked", b"yes"), (b"x-app", app)]}
             await send(message)
 
         await self.app(scope, receive, stamped)
@@ -149,7 +156,7 @@ def test_middleware_added_to_the_app_applies_to_invocations(translator, running)
     status, answer, headers = post_bytes(http, b'{"inputs": ["ab cd"]}', Authorization="Bearer t0ken",
                                          Origin="https://translate.example")
     assert (status, answer["predictions"]) == (200, translator.translate(["ab cd"]))
-    assert headers["X-Checked"] == "yes" and headers["X-Model-Version"] == "1"
+    assert (headers["X-Checked"], headers["X-App"], headers["X-Model-Version"]) == ("yes", "FastAPI", "1")
     assert headers["Access-Control-Allow-Origin"] == "https://translate.example"
     assert http.get("/version")[0] == 401   # every route behind the same middleware
     counted = {k: v for k, v in http.metrics(Authorization="Bearer t0ken").items()
