@@ -3,7 +3,11 @@ to a commit of the repository the workers clone. Run in a clone of that reposito
 env file sourced (``PREFECT_API_URL`` and its auth); the schedule is params.yaml's ``flows`` section.
 
     python -m pipeline.workers deploy --repository git://team-server/translator.git --pool gpu
-    prefect worker start --pool gpu      # on each worker host: see docs/team.md
+    python -m pipeline.workers start --pool gpu --limit 1   # on each worker host: see docs/team.md
+
+``start`` is ``prefect worker start`` (options after ``--pool`` and ``--name`` pass through) with
+SIGINT at its default action whatever the starting shell left it at, so SIGINT stops it
+(``pipeline.workers.start``).
 """
 
 from __future__ import annotations
@@ -82,7 +86,15 @@ def main(argv: list[str] | None = None) -> int:
     deploy.add_argument("--crash-grace", type=_seconds, default=HEARTBEAT_GRACE_S, metavar="SECONDS",
                         help=f"a run is marked Crashed (its slot freed) after {HEARTBEAT_S} s + this without a "
                              f"heartbeat: its worker stopped or its host died (default {HEARTBEAT_GRACE_S})")
-    args = parser.parse_args(argv)
+    start = commands.add_parser("start", help="start a Prefect worker on a pool; SIGINT stops it whatever the "
+                                "starting shell ignored (prefect worker start's other options pass through)")
+    start.add_argument("--pool", required=True, help="the work pool (the deployment's)")
+    start.add_argument("--name", help="the worker's name (default: Prefect's)")
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "start":
+        return start_worker(args.pool, args.name, extra)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
 
     from pipeline.config.params import ParamsError, load_params
     from pipeline.flows.preflight import PrefectPreflightError, check_prefect_server
@@ -110,6 +122,19 @@ def main(argv: list[str] | None = None) -> int:
           f"schedule {flows.schedule_cron!r} ({flows.schedule_timezone}), one run at a time", flush=True)
     print(f"run it now: prefect deployment run '{deployed.name}'", flush=True)
     return 0
+
+
+def start_worker(pool: str, name: str | None, extra: list[str]) -> int:
+    """Exec the worker (does not return), or one ``error:`` line and 2."""
+    from pipeline.workers.start import WorkerStartError, exec_worker, worker_command
+
+    try:
+        command = worker_command(pool, name, extra)
+    except WorkerStartError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    exec_worker(command)
+    return 0   # not reached: exec replaced this process
 
 
 if __name__ == "__main__":

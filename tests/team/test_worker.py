@@ -148,28 +148,20 @@ def team(tmp_path_factory) -> Iterator[Team]:
             stop(daemon)
 
 
-# Exec the worker with SIGINT's default action. A process started as a background job of a
-# non-interactive shell (`make test > log &`) has SIGINT ignored, and so has everything it starts;
-# Prefect's worker answers its first SIGINT by restoring the handler it found (ignore) and sending
-# itself SIGINT again, which then does nothing: the worker never stops (the full suite's hang, run
-# in the background; the module alone, run in the foreground, passed). A service manager starts it
-# with default dispositions, as here.
-DEFAULT_SIGINT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-                  "os.execv(sys.argv[1], sys.argv[1:])")
-
 
 def start_worker(team: Team, name: str) -> Worker:
-    """``prefect worker start`` on the second host, in a session of its own (as a service manager
-    runs it: default signal dispositions), with the stack's env file sourced and a workspace folder
-    of its own."""
+    """``python -m pipeline.workers start`` (``prefect worker start`` with SIGINT at its default
+    action: under ``make test > log &`` the suite has SIGINT ignored, and a plain Prefect worker would
+    never stop) on the second host, in a session of its own, with the stack's env file sourced and a
+    workspace folder of its own."""
     home = team.tmp / name
     env = sourced(team.stack.directory / "env", clean_env(home))
     env.update(TEAM_WORKSPACE=str(home / "workspace"), PREFECT_WORKER_QUERY_SECONDS="2")
     log = home / "worker.log"
     with log.open("ab") as sink:
         process = team.network.hosts["worker-a"].popen(
-            [PYTHON, "-c", DEFAULT_SIGINT, str(BIN / "prefect"), "worker", "start", "--pool", POOL, "--name", name,
-             "--limit", "1"], cwd=home, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+            [PYTHON, "-m", "pipeline.workers", "start", "--pool", POOL, "--name", name, "--limit", "1"], cwd=home,
+            env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
     return Worker(process, home / "workspace", log)
 
 
