@@ -41,6 +41,8 @@ def model_input_of(body: Any) -> tuple[Any, dict[str, Any]]:
     if not isinstance(params, dict):
         raise BadRequest("params must be a JSON object, e.g. {\"beam_size\": 4}")
     form, value = keys[0], body[keys[0]]
+    if form == "dataframe_records" and (texts := _one_column_of_text(value)) is not None:
+        return texts, params
     # MLflow's scoring server's own shape checks (``dataframe_from_parsed_json``): a string of
     # records would otherwise be read as one record a character.
     if form == "dataframe_records" and not (isinstance(value, list) and all(isinstance(r, dict) for r in value)):
@@ -52,8 +54,6 @@ def model_input_of(body: Any) -> tuple[Any, dict[str, Any]]:
                                           and set(value) <= {"columns", "data", "index"}):
         raise BadRequest("dataframe_split must be an object with 'data' and optionally 'columns' and 'index', "
                          "e.g. {\"columns\": [\"text\"], \"data\": [[...]]}")
-    if form == "dataframe_records" and (texts := _one_column_of_text(value)) is not None:
-        return texts, params
     try:
         if form == "dataframe_records":
             data: Any = pd.DataFrame(data=value)

@@ -6,28 +6,22 @@ surrogate: pandas' arrow strings refuse it, and our server answers that 400 as "
 from __future__ import annotations
 
 import pytest
-import torch
 from mlflow.exceptions import MlflowException
 
 from pipeline.serving.decoding import DecodingConfig
 from pipeline.serving.mlflow_model import TranslatorModel
-from pipeline.serving.translator import Translator
-from transformer.config import build_config
-from transformer.model import Transformer
-from transformer.tokenizer import open_tokenizer
 
 from . import test_export as exported
 from .test_export import VOCAB
+from .test_server_health import tiny_translator
 
 tokenizer_file = exported.tokenizer_file
 
 
 @pytest.fixture
 def model(tokenizer_file) -> TranslatorModel:
-    torch.manual_seed(0)
     model = TranslatorModel()
-    model.translator = Translator(Transformer(build_config("tiny", VOCAB)).eval(), open_tokenizer(tokenizer_file),
-                                  DecodingConfig(beam_size=2, max_len_b=4), packed=False)
+    model.translator = tiny_translator(tokenizer_file, DecodingConfig(beam_size=2, max_len_b=4))
     return model
 
 

@@ -16,16 +16,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.serving.server.app import ServerSettings
 from pipeline.serving.server.requests import FORMATS
 from pipeline.serving.translator import Translator
-from transformer.config import build_config
-from transformer.model import Transformer
-from transformer.tokenizer import open_tokenizer
 
 from . import test_export as exported
 from . import test_server_health as health
@@ -70,9 +66,7 @@ BODIES = (st.tuples(SHAPED, st.dictionaries(ANY_TEXT | st.sampled_from(FORMATS),
 
 @pytest.fixture(scope="module")
 def translator(tokenizer_file) -> Translator:
-    torch.manual_seed(0)
-    return Translator(Transformer(build_config("tiny", VOCAB)).eval(), open_tokenizer(tokenizer_file), health.DECODING,
-                      packed=False)
+    return health.tiny_translator(tokenizer_file)
 
 
 @pytest.fixture(scope="module")

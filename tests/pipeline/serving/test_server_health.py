@@ -67,11 +67,16 @@ class Hanging:
         return self.real.translate_ids(ids, **settings)
 
 
+def tiny_translator(tokenizer_file, decoding: DecodingConfig = DECODING) -> Translator:   # noqa: ANN001
+    """A tiny random model (seed 0) with the export tests' real tokenizer."""
+    torch.manual_seed(0)
+    return Translator(Transformer(build_config("tiny", VOCAB)).eval(), open_tokenizer(tokenizer_file), decoding,
+                      packed=False)
+
+
 @pytest.fixture
 def translator(tokenizer_file) -> Translator:
-    torch.manual_seed(0)
-    return Translator(Transformer(build_config("tiny", VOCAB)).eval(), open_tokenizer(tokenizer_file), DECODING,
-                      packed=False)
+    return tiny_translator(tokenizer_file)
 
 
 def state_of(translator, max_queue_sentences: int = 512, **settings) -> ServerState:   # noqa: ANN001, ANN003
