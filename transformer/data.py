@@ -9,6 +9,7 @@ of at most ``max_tokens`` padded tokens, shuffled reproducibly from a seed and a
 from __future__ import annotations
 
 import array
+import hashlib
 import itertools
 import json
 import os
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .atomic import fsync_files, replace_dir, umask_mode
+from .atomic import file_sha256, fsync_files, replace_dir, umask_mode
 from .tokens import BOS_ID, EOS_ID, PAD_ID
 
 SIDES = ("src", "tgt")
@@ -136,6 +137,14 @@ class TokenStore:
 
     def num_tokens(self, side: str = "tgt") -> int:
         return int(self.offsets[side][-1])
+
+    def content_sha256(self) -> str:
+        """sha256 of what the store holds (its ids, their offsets and its meta.json): two stores
+        with the same sentence lengths but other ids differ here."""
+        digest = hashlib.sha256()
+        for name in ("meta.json", *(f"{side}.{part}.npy" for side in SIDES for part in ("offsets", "tokens"))):
+            digest.update(f"{name}\0{file_sha256(self.path / name)}\n".encode())
+        return digest.hexdigest()
 
 
 @dataclass

@@ -12,7 +12,6 @@ Fine-tuning: ``TrainConfig.init_from`` starts a new training from another model'
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
 import os
 import time
@@ -87,7 +86,9 @@ class Trainer:
 
     def __init__(self, model: Transformer, config: TrainConfig, train_data: TokenStore, *,
                  valid_data: TokenStore | None = None, checkpoint_dir: str | os.PathLike | None = None,
-                 callbacks: list[TrainerCallback] | None = None) -> None:
+                 callbacks: list[TrainerCallback] | None = None, tokenizer_sha256: str = "") -> None:
+        """``tokenizer_sha256``: the identity of the tokenizer that made ``train_data`` (its model
+        file's sha256), part of the fingerprint: the same ids from another vocabulary are other data."""
         self.config = config
         self.device = default_device() if config.device == "auto" else torch.device(config.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -111,6 +112,9 @@ class Trainer:
                 raise CheckpointError(f"TrainConfig.init_from: {err}") from None
         self.pad_id = model.config.pad_id
         self.train_data, self.valid_data = train_data, valid_data
+        # Read once (a WMT store is ~1 GB); every checkpoint carries it.
+        self.data_sha256 = train_data.content_sha256()
+        self.tokenizer_sha256 = tokenizer_sha256
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.callbacks = callbacks or []
         self.optimizer = make_optimizer(model.parameters(), weight_decay=config.weight_decay)
@@ -186,8 +190,9 @@ class Trainer:
         rng_states.restore(state, self.rank, self.world_size)   # this rank's own, when saved per rank
 
     def fingerprint(self) -> dict[str, Any]:
-        """What fixes the training trajectory: model and training settings, the data, and the
-        starting weights when fine-tuning (the sha256 of the ``init_from`` file).
+        """What fixes the training trajectory: model and training settings, the data (the token
+        store's content, and the tokenizer's sha256 when given), and the starting weights when
+        fine-tuning (the sha256 of the ``init_from`` file).
 
         Limits (max_steps, max_epochs, max_minutes), logging and checkpoint intervals are left
         out: raising a limit and resuming gives the same result as training longer from scratch.
@@ -195,9 +200,10 @@ class Trainer:
         checkpoint whose updates had the rates the new settings give them (``schedule.rates_agree``).
         """
         train = {k: v for k, v in asdict(self.config).items() if k not in RESUMABLE_CHANGES}
-        data = hashlib.sha1(self.train_data.offsets["src"].tobytes() + self.train_data.offsets["tgt"].tobytes())
         fingerprint = {"model": self.model.config.to_dict(), "train": train, "world_size": self.world_size,
-                       "data": f"{len(self.train_data)}:{data.hexdigest()}"}
+                       "data": f"{len(self.train_data)}:{self.data_sha256}"}
+        if self.tokenizer_sha256:
+            fingerprint["tokenizer"] = self.tokenizer_sha256
         if self.init_sha256:   # absent for random weights: checkpoints from before init_from existed still match
             fingerprint["init"] = self.init_sha256
         return fingerprint
@@ -232,7 +238,10 @@ class Trainer:
             if on_change != "restart":
                 raise ValueError(f"{source} was trained with other settings ({described}); "
                                  f"delete {self.checkpoint_dir} to start over")
-            print(f"settings changed since {source} ({described}): starting a new training", flush=True)
+            changed = [what for key, what in (("data", "the training data"), ("tokenizer", "the tokenizer"))
+                       if key in changes] or ["settings"]
+            print(f"{' and '.join(changed)} changed since {source} ({described}): starting a new training",
+                  flush=True)
             for old in checkpoints:   # every rank decides alike (same state): each clears its own folder
                 old.unlink(missing_ok=True)   # missing: another rank sharing the folder came first
             return None

@@ -4,10 +4,12 @@
 
 Our decoding settings mapped onto CTranslate2's (``pipeline.serving.decoding.DecodingConfig`` says
 what each means for each engine): the sources are cut to the model's positions as ours are; one call
-decodes every sentence, CTranslate2 batching them by length (``max_batch_size`` = batch_sentences)
-over its ``inter_threads``, with the longest source + max_len_b as its one ``max_decoding_length`` and
-each hypothesis then cut to its own sentence's limit (ours is per sentence); padding and BOS are
-suppressed as in ``transformer.search``; its length penalty is |Y| ** alpha (not GNMT's).
+decodes the sentences of each length limit (source + max_len_b, ours per sentence) in one
+asynchronous call with that limit as its ``max_decoding_length``, CTranslate2 batching them
+(``max_batch_size`` = batch_sentences) over its ``inter_threads``: a sentence's translation never
+depends on the other sentences of its batch (one limit for all, the longest's, let a short sentence's
+hypotheses run past its own limit, which changes which one wins). Padding and BOS are suppressed as
+in ``transformer.search``; its length penalty is |Y| ** alpha (not GNMT's).
 """
 
 from __future__ import annotations
@@ -63,12 +65,19 @@ class CT2Translator:
             return []
         d = self.decoding.replace(beam_size=beam_size, alpha=alpha, stopping=stopping)
         sources = [list(s[:self.max_source_tokens]) for s in ids]
-        limits = self.limits(sources)
-        results = self.engine.translate_batch(
-            [[self.vocabulary[t] for t in s] for s in sources], max_batch_size=d.batch_sentences,
-            batch_type="examples", beam_size=d.beam_size, length_penalty=d.alpha, max_decoding_length=max(limits),
-            min_decoding_length=0, max_input_length=0, suppress_sequences=self.suppressed)
-        return [[self.index[p] for p in r.hypotheses[0]][:limit] for r, limit in zip(results, limits)]
+        by_limit: dict[int, list[int]] = {}
+        for i, limit in enumerate(self.limits(sources)):
+            by_limit.setdefault(limit, []).append(i)
+        calls = [(rows, self.engine.translate_batch(
+            [[self.vocabulary[t] for t in sources[i]] for i in rows], max_batch_size=d.batch_sentences,
+            batch_type="examples", beam_size=d.beam_size, length_penalty=d.alpha, max_decoding_length=limit,
+            min_decoding_length=0, max_input_length=0, suppress_sequences=self.suppressed, asynchronous=True))
+            for limit, rows in by_limit.items()]
+        out: list[list[int]] = [[] for _ in sources]
+        for rows, results in calls:
+            for i, result in zip(rows, results):
+                out[i] = [self.index[p] for p in result.result().hypotheses[0]]
+        return out
 
     def translate(self, sentences: Sequence[str], beam_size: int | None = None,
                   alpha: float | None = None, stopping: str | None = None) -> list[str]:

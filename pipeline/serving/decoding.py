@@ -85,15 +85,18 @@ class DecodingConfig:
       (§6.1); CTranslate2 (its ``length_penalty``) by |Y| ** alpha. Not the same penalty: each engine's
       alpha is chosen on val on its own grid.
     * ``max_len_b``: per sentence in both: at most source pieces + max_len_b output pieces (within the
-      model's positions). CTranslate2's ``max_decoding_length`` is one limit per call: the call takes the
-      batch's longest source + max_len_b and each hypothesis is cut to its own sentence's limit (greedy:
-      exactly ours; a beam that reached the limit may rank differently).
+      model's positions). CTranslate2's ``max_decoding_length`` is one limit per call: the sentences of
+      each limit go in a call of their own (asynchronous, so they decode side by side), and a sentence's
+      translation never depends on the others in its batch.
     * ``batch_sentences``: torch's batches (by length); CTranslate2's ``max_batch_size`` (in examples:
       it sorts by length and spreads the batches over its ``inter_threads``).
     * ``precision``: torch only (fp32 or bf16 weights); ``compute_type``: CTranslate2 only (its weights
       converted at load: int8 or float32).
     * ``stopping``: ours (``STOPPING``). CTranslate2 stops a sentence on its own rule, once beam_size
       hypotheses have finished (``patience`` 1), which is ``fairseq``: ``exact`` is refused with it.
+      With alpha 0 its search instead ends when its best candidate ends (an early exit that 4.x takes
+      whenever no penalty is set), whose result is that of ``exact`` (tests/pipeline/serving/
+      test_engine_equality.py holds both to equality).
     * Padding and BOS are never emitted by either (``transformer.search``; CTranslate2's
       ``suppress_sequences``).
 

@@ -14,10 +14,15 @@ same on every host (docs/two_hosts.md):
 
 - ``PIPELINE_NNODES``: the number of hosts (default 1).
 - ``PIPELINE_RDZV_ENDPOINT``: ``host:port`` of the c10d rendezvous, the same on every host
-  (needed with several hosts; one host alone uses a free local port, as ``torchrun --standalone``).
+  (needed with several hosts; one host alone uses a free port of 127.0.0.1).
 - ``PIPELINE_RDZV_ID``: the job's id, the same on every host (default ``pipeline-train``).
-- ``PIPELINE_RDZV_CONF``: more rendezvous settings, ``key=value,...`` (``is_host=true,join_timeout=120``).
-- ``PIPELINE_LOCAL_ADDR``: this host's address as the other hosts reach it.
+- ``PIPELINE_RDZV_CONF``: more rendezvous settings, ``key=value,...`` (``is_host=true,join_timeout=120``);
+  with several hosts ``is_host`` is required: ``true`` on the host that serves the rendezvous.
+- ``PIPELINE_LOCAL_ADDR``: this host's address as the other hosts reach it (one host: 127.0.0.1).
+
+The rendezvous's stores listen on one address each (``bound_rendezvous``): 127.0.0.1 on one host,
+where gloo is kept on loopback too (``GLOO_SOCKET_IFNAME=lo`` unless set), so a training on one
+host opens nothing to the network.
 - ``PIPELINE_MAX_RESTARTS``: how often the launcher restarts every process after one failed
   (default 0). A failed process fails the stage instead: its rerun (by hand, by a flow's task
   retries, by a worker) resumes from the newest checkpoint, as a restart would, and a failure that
@@ -50,6 +55,7 @@ from transformer.train_config import TrainConfig
 LAUNCHER_PID_ENV = "PIPELINE_LAUNCHER_PID"   # set for the processes this module starts
 DEFAULT_RDZV_ID = "pipeline-train"
 DEFAULT_MAX_RESTARTS = 0
+LOOPBACK = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -57,7 +63,7 @@ class Rendezvous:
     """Where this host's launcher meets the others' (c10d): read from ``PIPELINE_*`` variables."""
 
     nnodes: int = 1
-    endpoint: str = "localhost:0"   # one host: c10d's store on a free port of this one
+    endpoint: str = f"{LOOPBACK}:0"   # one host: the stores on a free port of loopback
     run_id: str = ""
     conf: dict[str, str] = field(default_factory=dict)
     local_addr: str | None = None
@@ -79,11 +85,21 @@ class Rendezvous:
             if not (sep and key.strip()):
                 raise ParamsError(f"PIPELINE_RDZV_CONF={env['PIPELINE_RDZV_CONF']!r}: expected key=value,...")
             conf[key.strip()] = value.strip()
+        if nnodes > 1 and conf.get("is_host", "").lower() not in {"true", "false", "1", "0", "yes", "no"}:
+            raise ParamsError(f"PIPELINE_NNODES={nnodes} needs is_host in PIPELINE_RDZV_CONF: is_host=true on the "
+                              "host that serves the rendezvous, is_host=false on the others")
+        if nnodes == 1 and not endpoint:
+            conf.setdefault("is_host", "true")   # the store is this host's own
         # One host: a fresh id per run (its store is its own). Several: the same id on every host.
         run_id = env.get("PIPELINE_RDZV_ID", "").strip() or (DEFAULT_RDZV_ID if nnodes > 1 else uuid.uuid4().hex)
-        return cls(nnodes=nnodes, endpoint=endpoint or cls.endpoint, run_id=run_id, conf=conf,
-                   local_addr=env.get("PIPELINE_LOCAL_ADDR", "").strip() or None,
+        local_addr = env.get("PIPELINE_LOCAL_ADDR", "").strip() or (LOOPBACK if nnodes == 1 else None)
+        return cls(nnodes=nnodes, endpoint=endpoint or cls.endpoint, run_id=run_id, conf=conf, local_addr=local_addr,
                    max_restarts=_count(env, "PIPELINE_MAX_RESTARTS", DEFAULT_MAX_RESTARTS, minimum=0))
+
+    @property
+    def loopback_only(self) -> bool:
+        """Everything of this rendezvous is on this host's loopback (one host, no address given)."""
+        return self.nnodes == 1 and self.endpoint.startswith(f"{LOOPBACK}:") and self.local_addr == LOOPBACK
 
 
 def _count(env: dict[str, str], name: str, default: int, minimum: int) -> int:
@@ -120,15 +136,20 @@ def launch(processes: int, rendezvous: Rendezvous, module: str) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    from pipeline.stages import bound_rendezvous
+
     if processes > 1 and "OMP_NUM_THREADS" not in os.environ:
         # As torchrun does, without its one thread each: the host's cores shared out (CPU training).
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // processes))
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
+    if rendezvous.loopback_only and sys.platform.startswith("linux"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")   # gloo listens on its hostname's address otherwise
+    bound_rendezvous.register()
     # Our own folder for the launcher's error files, removed after (DefaultLogsSpecs' own stays in /tmp).
     with tempfile.TemporaryDirectory(prefix="train-launch-") as logs:
         config = LaunchConfig(
             min_nodes=rendezvous.nnodes, max_nodes=rendezvous.nnodes, nproc_per_node=processes,
-            run_id=rendezvous.run_id, rdzv_backend="c10d", rdzv_endpoint=rendezvous.endpoint,
+            run_id=rendezvous.run_id, rdzv_backend=bound_rendezvous.BACKEND, rdzv_endpoint=rendezvous.endpoint,
             rdzv_configs=dict(rendezvous.conf), max_restarts=rendezvous.max_restarts, start_method="spawn",
             local_addr=rendezvous.local_addr, logs_specs=DefaultLogsSpecs(log_dir=logs))
         try:

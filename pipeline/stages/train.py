@@ -26,6 +26,10 @@ It must exceed the longest time rank 0 works alone while the others wait in thei
 all-reduce: validation and writing a checkpoint (gloo's own default, 30 minutes, would leave a
 host hanging that long).
 
+A run cut by the ``train.max_minutes`` clock before its ``max_steps`` or ``max_epochs`` writes a
+resume point and fails the stage (exit 1, as a signal's stop does: DVC records nothing); a run
+meant to end on the clock sets both to 0 (the sweeps' proxy runs: params/sweep.yaml).
+
 Writes ``reports/train_metrics.json``, the DVC metric, what ``dvc metrics show`` prints
 (docs/metrics.md)::
 
@@ -64,13 +68,14 @@ from pipeline.data.spec import DataError
 from pipeline.figures.curves import CurveWriter
 from pipeline.stages import launch
 from pipeline.stages.runner import run_stage
-from transformer.atomic import write_json
+from transformer.atomic import file_sha256, write_json
 from transformer.data import TokenStore
 from transformer.model import Transformer
 from transformer.trainer import Trainer, TrainerCallback, list_checkpoints
 
 if TYPE_CHECKING:
     from pipeline.tracking.callback import MlflowCallback
+    from transformer.train_config import TrainConfig
 
 TRACKED_SECTIONS = ("data", "tokenizer", "model", "train", "tracking")
 DIST_TIMEOUT_ENV = "TRAIN_DIST_TIMEOUT_S"
@@ -130,6 +135,16 @@ def open_store(split: str) -> TokenStore:
                         "run the tokenizer stage again (dvc repro -f tokenizer)") from None
 
 
+def tokenizer_sha256() -> str:
+    """The sha256 of the tokenizer that made the token stores (part of the trainer's fingerprint);
+    ``DataError`` when it is missing."""
+    try:
+        return file_sha256(paths.TOKENIZER_MODEL)
+    except OSError as err:
+        raise DataError(f"{paths.TOKENIZER_MODEL} cannot be read ({type(err).__name__}): "
+                        "run the tokenizer stage first (dvc repro tokenizer)") from None
+
+
 def mlflow_callback(params: Sections, trainer: Trainer, tracked: dict[str, object],
                     derived: dict[str, object]) -> MlflowCallback:
     """The trainer's MLflow hooks: one run per training, tagged with the data, device and starting
@@ -163,7 +178,8 @@ def train(callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
         derived.update(processes=world_size, max_tokens_per_process=config_train.max_tokens)
     try:
         trainer = Trainer(model, config_train, train_data, valid_data=valid_data,
-                          checkpoint_dir=paths.CHECKPOINT_DIR, callbacks=list(callbacks or []))
+                          checkpoint_dir=paths.CHECKPOINT_DIR, callbacks=list(callbacks or []),
+                          tokenizer_sha256=tokenizer_sha256())
     except ValueError as err:
         raise ParamsError(f"params.yaml: {err}") from None
     # Rank 0 keeps the curves and the MLflow run; the other ranks neither.
@@ -193,7 +209,7 @@ def train(callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
               f"{len(train_data):,} training pairs, device {trainer.device}, precision {trainer.precision}, "
               f"{trainer.world_size} process(es)"
               + (f" of {config_train.max_tokens} tokens per batch" if world_size > 1 else ""), flush=True)
-    start = time.monotonic()
+    start, first_step = time.monotonic(), trainer.step
     valid = trainer.train()
     if trainer.stopped_early and trainer.stopped_by.signal:
         # Preempted (SIGTERM/SIGINT on any rank): the resume point is written, the training is not
@@ -201,15 +217,28 @@ def train(callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
         if dist.is_initialized():
             dist.destroy_process_group()
         raise StoppedBySignal(trainer.step, trainer.stop_signal or signal.SIGTERM)
+    if trainer.stopped_early:
+        # The max_minutes clock before max_steps or max_epochs: a resume point, not the training
+        # asked for (its metrics would pair this step with an older validation, and average would
+        # miss its last updates). Runs meant to end on the clock set max_steps and max_epochs to 0.
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        raise StoppedByClock(trainer.step, config_train)
     # A DVC metric: what the run reached, never how long it took (that goes to MLflow and the console).
     summary = {"steps": trainer.step, "epochs": trainer.epoch, "parameters": model.num_parameters(),
                **({"valid_ppl": valid["valid/ppl"]} if "valid/ppl" in valid else {})}   # none: stopped before
     if rank == 0:
         write_json(paths.TRAIN_METRICS, summary)
-        print(f"trained {trainer.step} steps in {time.monotonic() - start:.1f} s: {summary}", flush=True)
+        print(end_line(trainer.step - first_step, time.monotonic() - start, first_step, summary), flush=True)
     if dist.is_initialized():
         dist.destroy_process_group()
     return summary
+
+
+def end_line(updates: int, seconds: float, resumed_from: int, summary: dict[str, object]) -> str:
+    """What this run of the stage did: its own updates and seconds, and the step it resumed from."""
+    resumed = f", resumed from step {resumed_from} (step {resumed_from + updates} now)" if resumed_from else ""
+    return f"trained {updates} steps in {seconds:.1f} s{resumed}: {summary}"
 
 
 class StoppedBySignal(Exception):
@@ -219,6 +248,20 @@ class StoppedBySignal(Exception):
         super().__init__(f"train: stopped by signal {signum} after update {step}; its resume point is written: "
                          "run the stage again (dvc repro) to continue")
         self.signum = signum
+
+
+class StoppedByClock(Exception):
+    """The ``max_minutes`` clock ran out before the training's length: a resume point only."""
+
+    EXIT_CODE = 1
+
+    def __init__(self, step: int, config: TrainConfig) -> None:
+        length = " and ".join(f"train.{key} {value}" for key, value in
+                              (("max_steps", config.max_steps), ("max_epochs", config.max_epochs)) if value)
+        super().__init__(f"train: the clock (train.max_minutes {config.max_minutes:g}) ran out after update {step}, "
+                         f"before {length}; its resume point is written, the training is not done: raise "
+                         "train.max_minutes (0 = no budget) and run the stage again to continue, or set "
+                         "train.max_steps and train.max_epochs to 0 for a run that ends on the clock")
 
 
 def launch_if_asked() -> int | None:
@@ -255,6 +298,9 @@ def main() -> None:
     except StoppedBySignal as stopped:
         print(stopped, file=sys.stderr, flush=True)
         sys.exit(128 + stopped.signum)   # as a process the signal ended (143 for SIGTERM): DVC records nothing
+    except StoppedByClock as stopped:
+        print(stopped, file=sys.stderr, flush=True)
+        sys.exit(stopped.EXIT_CODE)      # DVC records nothing, and average never sees a partial training
     except RuntimeError as err:
         message = lost_peer(err)
         if not message:

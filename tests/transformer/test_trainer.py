@@ -178,6 +178,33 @@ def test_resume_after_a_settings_change_restarts_or_continues(store, tmp_path):
     assert list_checkpoints(tmp_path / "c") == []
 
 
+def test_other_tokens_of_the_same_lengths_or_another_tokenizer_restart(store, tmp_path, capsys):
+    """The fingerprint holds the token store's content, not only its sentence lengths, and the
+    tokenizer's identity: a retokenized corpus whose sentences kept their lengths is another training."""
+    Trainer(tiny_model(vocab_size=30), config(max_steps=2, checkpoint_every_steps=2), store,
+            checkpoint_dir=tmp_path / "c", tokenizer_sha256="a" * 64).train()
+    same = Trainer(tiny_model(vocab_size=30), config(max_steps=4), store, checkpoint_dir=tmp_path / "c",
+                   tokenizer_sha256="a" * 64)
+    assert same.resume() is not None and same.step == 2
+    shifted = [([4 + (i - 3) % 26 for i in src], tgt) for src, tgt in random_pairs(40)]   # every length kept
+    other = write_token_store(tmp_path / "retokenized", shifted, vocab_size=30)
+    assert all(np.array_equal(other.lengths[side], store.lengths[side]) for side in ("src", "tgt"))
+    retokenized = Trainer(tiny_model(vocab_size=30), config(max_steps=4), other, checkpoint_dir=tmp_path / "c",
+                          tokenizer_sha256="a" * 64)
+    with pytest.raises(ValueError, match=r"other settings \(data: '40:[0-9a-f]{64}' -> '40:[0-9a-f]{64}'\)"):
+        retokenized.resume()
+    capsys.readouterr()
+    assert retokenized.resume(on_change="restart") is None and retokenized.step == 0
+    assert capsys.readouterr().out.startswith("the training data changed since ")
+    Trainer(tiny_model(vocab_size=30), config(max_steps=2, checkpoint_every_steps=2), store,
+            checkpoint_dir=tmp_path / "d", tokenizer_sha256="a" * 64).train()
+    vocabulary = Trainer(tiny_model(vocab_size=30), config(max_steps=4), store, checkpoint_dir=tmp_path / "d",
+                         tokenizer_sha256="b" * 64)
+    assert vocabulary.resume(on_change="restart") is None and vocabulary.step == 0
+    line = capsys.readouterr().out
+    assert line.startswith("the tokenizer changed since ") and line.count("\n") == 1, line
+
+
 def test_cooldown_resumes_where_the_updates_made_had_its_rates(store, tmp_path):
     """A cool-down (the last ``cooldown_steps`` of ``max_steps``) continues a checkpoint made before it
     starts, to the weights of a cooled training from scratch; after it, a raised limit cannot continue."""

@@ -103,6 +103,36 @@ def test_a_preempted_training_fails_the_stage_after_writing_its_resume_point(wor
     assert (copy / "reports/train_metrics.json").read_bytes() == metrics_before
 
 
+def test_a_training_cut_by_the_clock_fails_the_stage_and_its_rerun_says_what_it_did(workspace, tmp_path):
+    """``train.max_minutes`` running out before ``max_steps``: a resume point and exit 1 with one line
+    (DVC records no finished training, average never sees it), the metrics of the run before untouched.
+    Its rerun without the budget trains the remaining updates and says how many, in how long, from where."""
+    copy, params = endless_training_copy(workspace, tmp_path)
+    metrics_before = (copy / "reports/train_metrics.json").read_bytes()
+    params["train"].update(max_minutes=0.02)   # 1.2 s of training
+    (copy / "params.yaml").write_text(yaml.safe_dump(params))
+    env = {**workspace.env, "PYTHONPATH": str(copy), "PIPELINE_TRACKING": "off"}
+    cut = subprocess.run([sys.executable, "-m", "pipeline.stages.train"], cwd=copy, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert cut.returncode == 1, cut.stdout[-2000:] + cut.stderr[-2000:]
+    line = cut.stderr.strip().splitlines()[-1]
+    step = int(re.fullmatch(r"train: the clock \(train\.max_minutes 0\.02\) ran out after update (\d+), before "
+                            r"train\.max_steps 100000; its resume point is written, .*", line).group(1))
+    assert step > 0 and "trained " not in cut.stdout
+    names = {p.name for p in (copy / "models/checkpoints").glob("checkpoint_*.pt")}
+    assert {f"checkpoint_{step:08d}.resume.pt", f"checkpoint_{step:08d}.pt"} & names, names
+    assert (copy / "reports/train_metrics.json").read_bytes() == metrics_before
+
+    params["train"].update(max_minutes=0, max_steps=step + 3)
+    (copy / "params.yaml").write_text(yaml.safe_dump(params))
+    rerun = subprocess.run([sys.executable, "-m", "pipeline.stages.train"], cwd=copy, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert re.search(rf"^trained 3 steps in [\d.]+ s, resumed from step {step} \(step {step + 3} now\): ",
+                     rerun.stdout, re.MULTILINE), rerun.stdout[-2000:]
+    assert json.loads((copy / "reports/train_metrics.json").read_text())["steps"] == step + 3
+
+
 def test_bad_params_stop_before_any_work(workspace, tmp_path):
     copy = tmp_path / "repo"
     shutil.copytree(workspace.path / "data", copy / "data")

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 import yaml
@@ -37,7 +38,9 @@ LAUNCH = {"model": {"preset": "tiny", "dropout": 0.0},
 
 def test_rendezvous_from_the_environment():
     one = Rendezvous.from_env({})
-    assert (one.nnodes, one.endpoint, one.max_restarts, one.conf, one.local_addr) == (1, "localhost:0", 0, {}, None)
+    assert (one.nnodes, one.endpoint, one.max_restarts, one.conf, one.local_addr) == (
+        1, "127.0.0.1:0", 0, {"is_host": "true"}, "127.0.0.1")
+    assert one.loopback_only
     assert one.run_id != Rendezvous.from_env({}).run_id   # one host: a fresh rendezvous per run
     two = Rendezvous.from_env({"PIPELINE_NNODES": "2", "PIPELINE_RDZV_ENDPOINT": "host-a:29400",
                                "PIPELINE_RDZV_CONF": "is_host=true, join_timeout=120",
@@ -51,6 +54,7 @@ def test_rendezvous_from_the_environment():
     ({"PIPELINE_NNODES": "0"}, "PIPELINE_NNODES='0': expected an integer of at least 1"),
     ({"PIPELINE_NNODES": "two"}, "PIPELINE_NNODES='two': expected an integer of at least 1"),
     ({"PIPELINE_NNODES": "2"}, "PIPELINE_NNODES=2 needs PIPELINE_RDZV_ENDPOINT"),
+    ({"PIPELINE_NNODES": "2", "PIPELINE_RDZV_ENDPOINT": "host-a:29400"}, "PIPELINE_NNODES=2 needs is_host in"),
     ({"PIPELINE_MAX_RESTARTS": "-1"}, "PIPELINE_MAX_RESTARTS='-1': expected an integer of at least 0"),
     ({"PIPELINE_RDZV_CONF": "is_host"}, "PIPELINE_RDZV_CONF='is_host': expected key=value"),
 ])
@@ -169,6 +173,16 @@ def children(pid: int) -> list[int]:
     return out
 
 
+def listening(pids: list[int]) -> dict[tuple[str, int], int]:
+    """Every listening TCP socket (address, port) of these processes, and whose it is."""
+    doors = {}
+    for pid in pids:
+        for conn in psutil.Process(pid).net_connections(kind="inet"):
+            if conn.status == psutil.CONN_LISTEN:
+                doors[(conn.laddr.ip, conn.laddr.port)] = pid
+    return doors
+
+
 def alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -185,7 +199,8 @@ def alive(pid: int) -> bool:
 def test_the_processes_die_with_the_stage(tokenized, tmp_path, sig):
     """The stage as DVC runs it, two processes, killed once they train: SIGTERM is forwarded to
     both (the stage exits 143), SIGKILL reaches them through the parent-death signal; either way
-    they stop together and leave a resume checkpoint."""
+    they stop together and leave a resume checkpoint. While they train, nothing of theirs listens
+    off loopback (torch's c10d stores listened on every interface: ``bound_rendezvous``)."""
     ws = copy_with(tokenized, tmp_path / "ws", max_steps=100000, checkpoint_every_steps=4)
     ckpts = ws.path / "models" / "checkpoints"
     log = tmp_path / "stage.log"
@@ -199,6 +214,10 @@ def test_the_processes_die_with_the_stage(tokenized, tmp_path, sig):
             time.sleep(0.2)
         workers = children(stage.pid)
         assert len(workers) == 2, workers
+        doors = listening([stage.pid, *workers])
+        # The rendezvous's two stores (the launcher's) and gloo's (the workers'), loopback all.
+        assert sum(pid == stage.pid for pid in doors.values()) == 2, doors
+        assert all(ip == "127.0.0.1" for ip, _ in doors), doors
         stage.send_signal(sig)
         code = stage.wait(timeout=90)
         deadline = time.monotonic() + 60
