@@ -120,8 +120,8 @@ def load_sweep(path: Path = SWEEP_FILE, params_path: Path = PARAMS) -> Sweep:
     for key, values in grid.items():                      # each key alone first: the error names it
         for value in values:
             _validate(path, params_path, {key: value})
-    for key, value in {**sweep.proxy, **sweep.final}.items():
-        _validate(path, params_path, {key: value})
+    for group in (sweep.proxy, sweep.final):   # together: a phase's keys may hold each other up
+        _validate(path, params_path, group)   # (train.max_steps 0 beside train.max_minutes)
     for point in sweep.points():
         for group in (sweep.proxy, sweep.final):
             _validate(path, params_path, {**point, **group})

@@ -235,6 +235,10 @@ def stage_workspace(root: Path, store: Path, experiment: str) -> tuple[Path, dic
     tokens.mkdir(parents=True)
     shutil.copytree(store, tokens / "train")
     shutil.copytree(store, tokens / params["data"]["valid_set"])
+    # The tokenizer that made the (synthetic) stores: the train stage reads only its sha256.
+    tokenizer = root / "data" / "tokenizer" / "spm.model"
+    tokenizer.parent.mkdir(parents=True)
+    tokenizer.write_bytes(b"the tokenizer of the synthetic token stores")
     env = {k: v for k, v in child_env().items() if not k.startswith("MLFLOW_")}
     env["MLFLOW_TRACKING_URI"] = f"sqlite:///{root.parent / 'mlflow.db'}"
     return root, env
