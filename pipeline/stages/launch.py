@@ -88,7 +88,7 @@ class Rendezvous:
         if nnodes > 1 and conf.get("is_host", "").lower() not in {"true", "false", "1", "0", "yes", "no"}:
             raise ParamsError(f"PIPELINE_NNODES={nnodes} needs is_host in PIPELINE_RDZV_CONF: is_host=true on the "
                               "host that serves the rendezvous, is_host=false on the others")
-        if nnodes == 1 and not endpoint:
+        if nnodes == 1:
             conf.setdefault("is_host", "true")   # the store is this host's own
         # One host: a fresh id per run (its store is its own). Several: the same id on every host.
         run_id = env.get("PIPELINE_RDZV_ID", "").strip() or (DEFAULT_RDZV_ID if nnodes > 1 else uuid.uuid4().hex)

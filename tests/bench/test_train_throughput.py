@@ -29,29 +29,40 @@ def load_bench():
 
 
 def test_train_bench_runs_and_prints_both_speeds_mfu_and_their_ratio(tmp_path):
+    """The reference trains in our precision (the ratio is like for like); ``--fp32-reference`` adds
+    its fp32 timing in the same rounds, labelled, with its own ratio line before ``ratio=``."""
     # bf16 as `make bench` runs it where the CPU has bf16 units; elsewhere (AVX2 only: a bf16 product
     # runs ~10x slower than fp32 there) fp32, so that the smoke test stays a smoke test.
     precision = "bf16" if cpu_supports_bf16() else "fp32"
     result = run_bench("train_throughput.py", ["--steps", "2", "--rounds", "2", "--warmup", "0", "--max-tokens", "512",
-                                               "--precision", precision], tmp_path)
+                                               "--precision", precision, "--fp32-reference"], tmp_path)
     lines = result.stdout.strip().splitlines()
-    round_line = r"round (\d): reference ([\d,]+), ours ([\d,]+) target tokens/s"
+    round_line = r"round (\d): reference ([\d,]+), reference in fp32 ([\d,]+), ours ([\d,]+) target tokens/s"
     rounds = [m for line in lines if (m := re.fullmatch(round_line, line))]
     assert [int(m.group(1)) for m in rounds] == [1, 2]
-    reference = float(re.search(r"reference torch.nn.Transformer fp32 eager: ([\d,]+) target tokens/s \(median of 2\)",
-                                result.stdout).group(1).replace(",", ""))
+    reference = re.search(rf"reference torch.nn.Transformer {precision} eager, fused Adam: ([\d,]+) target tokens/s "
+                          r"\(median of 2\), ([\d.,]+) GFLOP/s, MFU ([\d.]+)", result.stdout)
+    assert reference, result.stdout
+    reference = float(reference.group(1).replace(",", ""))
+    fp32 = float(re.search(r"reference torch.nn.Transformer fp32 eager \(for comparison only\): ([\d,]+) target "
+                           r"tokens/s", result.stdout).group(1).replace(",", ""))
     ours = re.search(rf"transformer package {precision} eager, .*: ([\d,]+) target tokens/s \(median of 2\), "
                      r"([\d.,]+) GFLOP/s, MFU ([\d.]+)", result.stdout)
-    assert reference > 0 and float(ours.group(1).replace(",", "")) > 0
-    mfu = re.fullmatch(rf"mfu=([\d.]+) \(of measured {precision} peak ([\d.,]+) GFLOP/s\)", lines[-2])
-    assert mfu, lines[-2]
+    assert reference > 0 and fp32 > 0 and float(ours.group(1).replace(",", "")) > 0
+    mfu = re.fullmatch(rf"mfu=([\d.]+) \(of measured {precision} peak ([\d.,]+) GFLOP/s\)", lines[-3])
+    assert mfu, lines[-3]
     value, peak = float(mfu.group(1)), float(mfu.group(2).replace(",", ""))
     assert 0 < value < 1 and peak > 0
     assert value == float(ours.group(3))
     # MFU is the achieved rate over the peak (both printed rounded).
     assert value == pytest.approx(float(ours.group(2).replace(",", "")) / peak, rel=0.05, abs=0.002)
-    assert lines[-1].startswith("ratio=")
-    assert float(lines[-1].split("=")[1]) == pytest.approx(float(ours.group(1).replace(",", "")) / reference, abs=0.01)
+    our_rate = float(ours.group(1).replace(",", ""))
+    assert re.fullmatch(rf"fp32_reference_ratio=([\d.]+) \(ours in {precision} against the reference in fp32\)",
+                        lines[-2])
+    assert float(lines[-2].split("=")[1].split()[0]) == pytest.approx(our_rate / fp32, abs=0.01)
+    assert re.fullmatch(rf"ratio=[\d.]+ \(the same precision, {precision}\)", lines[-1]), lines[-1]
+    assert float(lines[-1].split("=")[1].split()[0]) == pytest.approx(our_rate / reference, abs=0.01)
+
 
 def test_unfused_loss_is_timed_in_the_same_rounds_and_compared(tmp_path):
     """--unfused-loss: ours a second time with whole logits, each round, and the fused/unfused ratio."""

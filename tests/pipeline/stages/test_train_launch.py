@@ -48,6 +48,9 @@ def test_rendezvous_from_the_environment():
     assert (two.nnodes, two.endpoint, two.run_id, two.local_addr, two.max_restarts) == (
         2, "host-a:29400", "pipeline-train", "host-a", 3)
     assert two.conf == {"is_host": "true", "join_timeout": "120"}
+    # One host with an endpoint of its own choosing: it still serves the store itself.
+    own = Rendezvous.from_env({"PIPELINE_RDZV_ENDPOINT": "127.0.0.1:29511"})
+    assert (own.endpoint, own.conf, own.local_addr) == ("127.0.0.1:29511", {"is_host": "true"}, "127.0.0.1")
 
 
 @pytest.mark.parametrize("env, message", [
