@@ -85,9 +85,11 @@ class DecodingConfig:
       (§6.1); CTranslate2 (its ``length_penalty``) by |Y| ** alpha. Not the same penalty: each engine's
       alpha is chosen on val on its own grid.
     * ``max_len_b``: per sentence in both: at most source pieces + max_len_b output pieces (within the
-      model's positions). CTranslate2's ``max_decoding_length`` is one limit per call: the sentences of
-      each limit go in a call of their own (asynchronous, so they decode side by side), and a sentence's
-      translation never depends on the others in its batch.
+      model's positions). CTranslate2's ``max_decoding_length`` is one limit per call: a sentence is
+      decoded with its limit rounded up to a multiple of 16 and its hypothesis cut to its own limit
+      (``ct2_translator.LIMIT_BUCKET``), a function of the sentence alone: its translation never depends
+      on the others in its batch (greedy: exactly ours; a beam that reached the limit may rank
+      differently).
     * ``batch_sentences``: torch's batches (by length); CTranslate2's ``max_batch_size`` (in examples:
       it sorts by length and spreads the batches over its ``inter_threads``).
     * ``precision``: torch only (fp32 or bf16 weights); ``compute_type``: CTranslate2 only (its weights
