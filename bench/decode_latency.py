@@ -179,12 +179,14 @@ def main() -> None:
         def raw(beam: int, forced: int = 0) -> Decode:
             """``translate_batch`` of the same engine with the options ``CT2Translator`` passes."""
             def decode(s: Sequence[int]) -> list[int]:
-                most = forced or min(len(s) + limit, model.config.max_positions - 1)
+                own = min(len(s) + limit, model.config.max_positions - 1)
+                most = forced or via.bucket(own)   # the rounded limit CT2Translator decodes with, then its own
                 r = via.engine.translate_batch([[via.vocabulary[t] for t in s]], beam_size=beam,
                                                length_penalty=c["alpha"], min_decoding_length=forced,
                                                max_decoding_length=most, max_input_length=0,
                                                suppress_sequences=via.suppressed)
-                return [via.index[p] for p in r[0].hypotheses[0]]
+                hypothesis = [via.index[p] for p in r[0].hypotheses[0]]
+                return hypothesis if forced else hypothesis[:own]
             return decode
 
         decoders: dict[str, Decode] = {
