@@ -398,18 +398,18 @@ def main() -> None:
         print(f"{args.precision} matrix-product peak, best of {args.rounds} rounds: {how}")
         peak_text = f"measured {args.precision} peak {_flops_text(peak, device)}"
     our, our_rate = float(np.median([t for t, _ in ours])), float(np.median([f for _, f in ours]))
+    mode = " compiled" if args.compile else " eager"   # both models alike
     if refs:
         ref, ref_rate = float(np.median([t for t, _ in refs])), float(np.median([f for _, f in refs]))
-        mode = " compiled" if args.compile else " eager"
         print(f"reference torch.nn.Transformer {ref_precision}{mode}, fused Adam: {ref:,.0f} target tokens/s "
               f"(median of {args.rounds}), {_flops_text(ref_rate, device)}, MFU {ref_rate / peak:.3f}")
     if refs32:
         ref32 = float(np.median([t for t, _ in refs32]))
         # The peak is measured in our precision: an fp32 rate is no fraction of it, so no MFU here.
-        print(f"reference torch.nn.Transformer fp32{' compiled' if args.compile else ' eager'} (for comparison "
+        print(f"reference torch.nn.Transformer fp32{mode} (for comparison "
               f"only): {ref32:,.0f} target tokens/s (median of {args.rounds})")
     attention = "fused SDPA on CUDA" if on_gpu else "explicit attention on CPU"
-    label = f"{args.precision}{' compiled' if args.compile else ' eager'}, fused Adam, {attention}"
+    label = f"{args.precision}{mode}, fused Adam, {attention}"
     print(f"transformer package {label}: {our:,.0f} target tokens/s (median of {args.rounds}), "
           f"{_flops_text(our_rate, device)}, MFU {our_rate / peak:.3f}")
     print(f"preset {shape.preset} on {device.type}: {np.mean([w.flops for w in work]) / 1e9:,.1f} GFLOP per step "
