@@ -239,9 +239,10 @@ def _use_repository_store(experiment: str) -> None:
     repository's store (the embedded SQLite one unless MLFLOW_TRACKING_URI is set), and create the
     experiment here first, so that its artifacts live beside the store, not in a deleted copy."""
     from pipeline.tracking import store
+    from pipeline.tracking.failures import best_effort
 
     os.environ["MLFLOW_TRACKING_URI"] = store.tracking_uri()
-    store.best_effort("experiment creation", store.experiment_id, experiment)
+    best_effort("experiment creation", store.experiment_id, experiment)
 
 
 def final_values(sweep: Sweep, raw: dict[str, Any]) -> dict[str, Any]:

@@ -49,16 +49,18 @@ def pending_challenger(root: Path, model_file: Path) -> str:
     """Why there is no challenger yet, when the registration of ``root``'s model waits in the unsent
     queue (``pipeline.tracking.deferred``: the tracking server was away); "" otherwise. The gate
     then promotes nothing and fails nothing: the version is registered when the queue is sent."""
-    from pipeline.tracking.deferred import SENT_BY, pending_registration
+    from pipeline.tracking.deferred import HANDLED_BY, SENT_BY, pending_registration
     from transformer.atomic import file_sha256
 
     model = root / model_file
     record = pending_registration(file_sha256(model), root) if model.is_file() else None
     if record is None:
         return ""
-    return (f"no challenger yet: the registration of {record['registers']!r} for {model_file} (sha256 "
-            f"{record['model_sha256'][:12]}) waits for the tracking server in reports/mlflow_unsent.json; "
-            f"sent by {SENT_BY}")
+    what = f"the registration of {record['registers']!r} for {model_file} (sha256 {record['model_sha256'][:12]})"
+    if record.get("set_aside_at"):
+        return (f"no challenger yet: {what} is set aside in reports/mlflow_unsent.json ({record['reason']}); "
+                f"{HANDLED_BY}")
+    return f"no challenger yet: {what} waits for the tracking server in reports/mlflow_unsent.json; sent by {SENT_BY}"
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,9 @@ def log_translator(run_id: str, model_file: Path, tokenizer_file: Path, register
                    chosen: Mapping[str, Any], *, metrics_file: Path | None = None,
                    corpus_stats_file: Path | None = None, ct2_model: Path | None = None) -> str | None:
     """Log the pyfunc model into ``run_id``, register it with its model card (description and tags,
-    ``pipeline.tracking.model_card.register_version``); returns the new registry version.
+    ``pipeline.tracking.model_card.register_version``); returns the new registry version, or the
+    version that already holds the same model file of the same run with the same settings (nothing
+    logged or registered again).
 
     ``chosen``: the tuned settings the evaluate stage decoded with (``Decoding.as_dict()``: beam
     size, alpha, stopping rule, engine, compute type and, optionally, where each came from); the other
@@ -86,10 +88,18 @@ def log_translator(run_id: str, model_file: Path, tokenizer_file: Path, register
     from pipeline.serving import mlflow_model_code
     from pipeline.serving.registered import to_register
     from pipeline.tracking import model_card, model_code
+    from transformer.atomic import file_sha256
     from transformer.checkpoint import load_checkpoint
 
     settings, sources = _run_decoding(run_id, chosen)
     model_config, defaults = to_register(settings)   # one DecodingConfig: the two always agree
+    identity = model_card.identity_tags(file_sha256(model_file), model_config["decoding"])
+    existing = model_card.existing_version(registered_name, run_id, identity)
+    if existing:   # a forced re-evaluation, or a retry after the registration's answer was lost
+        print(f"MLflow: {registered_name!r} version {existing} already holds this model (sha256 "
+              f"{identity[model_card.MODEL_SHA_TAG][:12]}) of run {run_id} with these decoding settings; "
+              "not registered again", flush=True)
+        return existing
     decoding = {**model_config["decoding"], **{f"{k}_from": v for k, v in sources.items()}}
     example = pd.DataFrame({"text": ["A man is walking."]})
     signature = infer_signature(example, ["Ein Mann geht."], params=defaults)
@@ -112,7 +122,9 @@ def log_translator(run_id: str, model_file: Path, tokenizer_file: Path, register
         except (OSError, ValueError):
             return {}
 
-    return model_card.register_version(registered_name, info.model_uri, run_id,
-                                       metrics=read_json(metrics_file or EVALUATE_SCORES), decoding=decoding,
-                                       model_config=load_checkpoint(model_file).get("model_config", {}),
-                                       corpus_stats=read_json(corpus_stats_file or paths.CORPUS_DIR / "stats.json"))
+    version = model_card.register_version(registered_name, info.model_uri, run_id, identity,
+                                          metrics=read_json(metrics_file or EVALUATE_SCORES), decoding=decoding,
+                                          model_config=load_checkpoint(model_file).get("model_config", {}),
+                                          corpus_stats=read_json(corpus_stats_file or paths.CORPUS_DIR / "stats.json"))
+    print(f"MLflow: registered model {registered_name!r} version {version} (run {run_id})", flush=True)
+    return version

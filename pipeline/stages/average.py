@@ -52,6 +52,8 @@ def main() -> None:
     argparse.ArgumentParser(description=__doc__).parse_args()
     params = load_sections(AverageParams, TrackingParams)
     record_run = tracking.enabled()
+    if record_run:
+        tracking.check_credentials()   # 401/403: one line and exit 2, before any work
     start = time.monotonic()
     averaged = average(params.average.last_n)
     save_checkpoint(paths.AVERAGED_MODEL, averaged)

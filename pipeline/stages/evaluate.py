@@ -149,6 +149,8 @@ def tuned_translations(params: Sections, decoding: Decoding, sentences: int, mod
 
 def evaluate(params: Sections) -> dict[str, Any]:
     record_run = tracking.enabled()
+    if record_run:
+        tracking.check_credentials()   # 401/403: one line and exit 2, before any work
     start_all = time.monotonic()
     data, e = params.data, params.evaluate
     checkpoint = load_averaged()

@@ -163,6 +163,8 @@ def train(callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
     check_init_files(params.train, params.tokenizer)   # fine-tuning's inputs, before any work
     record = tracking.enabled()   # a bad PIPELINE_TRACKING stops here, before any work
     rank = init_distributed()
+    if record and rank == 0:
+        tracking.check_credentials()   # 401/403: one line and exit 2, before any work
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     config_train = launch.per_process(params.train, world_size)   # max_tokens: one update's, in all processes
     train_data = open_store("train")
@@ -278,7 +280,8 @@ def launch_if_asked() -> int | None:
     if processes == 1 and rendezvous.nnodes == 1:
         return None
     check_init_files(params.train, params.tokenizer)
-    tracking.enabled()
+    if tracking.enabled():
+        tracking.check_credentials()   # once, before any process starts
     dist_timeout()
     launch.per_process(params.train, processes * rendezvous.nnodes)   # as if every host starts as many
     open_store("train")

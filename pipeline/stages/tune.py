@@ -228,6 +228,8 @@ def search_ct2(search: Search, checkpoint: dict[str, Any], params: Sections, tra
 
 def tune(params: Sections) -> dict[str, Any]:
     record_run = tracking.enabled()
+    if record_run:
+        tracking.check_credentials()   # 401/403: one line and exit 2, before any work
     start_all = time.monotonic()
     data, e, t = params.data, params.evaluate, params.tune
     checkpoint = load_averaged()

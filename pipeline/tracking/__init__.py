@@ -8,10 +8,13 @@ concern, so that a stage imports (and DVC reruns it for) only what it uses:
 - ``links``: a stage finds its run by the sha256 of the files it reads (nothing DVC hashes holds a run id);
 - ``callback``: the trainer's hooks, one run per training;
 - ``runs``: the later stages' records (the training run, or a child run when their params differ);
-- ``model_card``: what a registered version says about itself;
+- ``unsent``, ``deferred``: the queue of what waits for the server, and what is set aside;
+- ``failures``: what a failed call means (refused: stop; away: wait; otherwise: set aside);
+- ``model_card``: what a registered version says about itself, and which version it already is;
 - ``preflight``: before any stage runs, a tracking server's answer to the credentials given.
 
-Imports none of them (nor MLflow) itself: ``enabled()`` tells a stage whether to record at all.
+Imports none of them (nor MLflow) itself: ``enabled()`` tells a stage whether to record at all,
+``check_credentials()`` stops it at its start when the server refuses its credentials.
 """
 
 from __future__ import annotations
@@ -37,3 +40,12 @@ def enabled() -> bool:
     from pipeline.config.errors import ParamsError  # light: the errors alone, not the params schema
 
     raise ParamsError(f"{TRACKING_ENV}={value!r}: expected on or off (1/0, true/false, yes/no)")
+
+
+def check_credentials() -> None:
+    """At a tracking stage's start, before any work: a tracking server that refuses the environment's
+    credentials (401/403) stops the stage with one line and exit 2 (``preflight.CredentialsRefused``,
+    under ``dvc repro`` as under ``make run``); a server away is left to the unsent queue."""
+    from pipeline.tracking.preflight import check_credentials as check
+
+    check()

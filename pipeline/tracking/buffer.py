@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from mlflow.entities import Metric, RunTag
 from mlflow.tracking import MlflowClient
 
-from pipeline.tracking import unsent
+from pipeline.tracking import failures, unsent
 from pipeline.tracking.store import client
-from pipeline.tracking.unsent import UNSENT_FILE
+from pipeline.tracking.unsent import UNSENT_FILE, shown
 
 __all__ = ["UNSENT_FILE", "BackgroundLogger", "replay_unsent", "save_unsent"]
 
@@ -110,7 +110,8 @@ def save_unsent(run_id: str, metrics: list[Metric], tags: Mapping[str, str] | No
     what = [f"{len(metrics)} metric values" if metrics else "", f"{len(tags)} tags" if tags else "",
             f"the run's end ({status})" if status else ""]
     print(f"warning: MLflow: {', '.join(w for w in what if w)} of run {run_id} could not be sent; kept in "
-          f"{UNSENT_FILE}, sent when the server is back (next stage, or python -m pipeline.tracking.replay)",
+          f"{shown(unsent.queue_file())}, sent when the server is back (next stage, or python -m "
+          "pipeline.tracking.replay)",
           file=sys.stderr, flush=True)
 
 
@@ -118,9 +119,10 @@ def replay_unsent(c: MlflowClient | None = None, quiet: bool = False) -> int:
     """Send what ``save_unsent`` kept into the same runs; each run's part leaves the file once sent
     (a metric batch sent twice is stored once). Returns the number of runs still unsent (0 when the
     file is empty or absent); a server still away is a warning (none with ``quiet``: a stage's one
-    waiting line says it), never an error. The stages' waiting records are ``deferred.replay``'s,
-    which calls this first."""
-    if not UNSENT_FILE.is_file():   # nothing waits: no lock taken, so no lock file left behind
+    waiting line says it), never an error; a run the server will not take for another reason (deleted,
+    say) is set aside (``deferred``); refused credentials raise ``CredentialsRefused``, keeping all.
+    The stages' waiting records are ``deferred.replay``'s, which calls this first."""
+    if not unsent.queue_file().is_file():   # nothing waits: no lock taken, so no lock file left behind
         return 0
     with unsent.locked():
         doc = unsent.load()
@@ -133,19 +135,30 @@ def replay_unsent(c: MlflowClient | None = None, quiet: bool = False) -> int:
                 entry = runs[run_id]
                 metrics = [Metric(m["key"], float(m["value"]), int(m["timestamp"]), int(m["step"]))
                            for m in entry["metrics"]]
-                for i in range(0, len(metrics), 1000):   # MLflow's log_batch limit
-                    c.log_batch(run_id, metrics=metrics[i:i + 1000], synchronous=True)
-                    entry["metrics"] = entry["metrics"][1000:]
-                if entry["tags"]:
-                    c.log_batch(run_id, tags=[RunTag(k, v) for k, v in entry["tags"].items()], synchronous=True)
-                if entry["status"]:
-                    c.set_terminated(run_id, entry["status"])
+                try:
+                    for i in range(0, len(metrics), 1000):   # MLflow's log_batch limit
+                        c.log_batch(run_id, metrics=metrics[i:i + 1000], synchronous=True)
+                        entry["metrics"] = entry["metrics"][1000:]
+                    if entry["tags"]:
+                        c.log_batch(run_id, tags=[RunTag(k, v) for k, v in entry["tags"].items()], synchronous=True)
+                    if entry["status"]:
+                        c.set_terminated(run_id, entry["status"])
+                except Exception as err:
+                    if failures.classify(err) != failures.FAILED:
+                        raise
+                    aside = {"id": run_id[:12], "stage": "run", "run_id": run_id, "entry": runs.pop(run_id)}
+                    unsent.set_aside(doc, aside, failures.reason(err))
+                    unsent.print_set_aside(aside)
+                    continue
                 del runs[run_id]
                 print(f"MLflow: replayed into run {run_id} what it could not send before: {len(metrics)} metric "
                       f"values, {len(entry['tags'])} tags{', its end' if entry['status'] else ''}", flush=True)
-        except Exception as err:   # the server still away: keep the rest for the next try
-            if not quiet:
-                print(f"warning: MLflow replay of {UNSENT_FILE} failed ({type(err).__name__}: {str(err)[:200]}); "
+        except Exception as err:
+            if failures.classify(err) == failures.REFUSED:
+                unsent.save(doc)
+                raise failures.refusal(err) from None
+            if not quiet:   # the server still away: keep the rest for the next try
+                print(f"warning: MLflow replay of {shown(unsent.queue_file())} failed ({failures.reason(err)}); "
                       "kept for the next try", file=sys.stderr, flush=True)
         unsent.save(doc)
         return len(runs)

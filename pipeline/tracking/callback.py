@@ -20,11 +20,12 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.tracking import deferred
 from pipeline.tracking.buffer import BackgroundLogger, save_unsent
+from pipeline.tracking.failures import best_effort
 from pipeline.tracking.links import LINK_CHECKPOINT, LINK_MODEL, LINK_TRAINING, find_run, fingerprint_sha256, lookup_run
 from pipeline.tracking.records import train as train_record
 from pipeline.tracking.records.train import LINEAGE, UNFINISHED
 from pipeline.tracking.runs import finish_run, log_params
-from pipeline.tracking.store import best_effort, client, experiment_id, safe_uri, tracking_uri
+from pipeline.tracking.store import client, experiment_id, safe_uri, tracking_uri
 from pipeline.tracking.tags import params_hash, run_name, training_lengths
 from transformer.atomic import file_sha256
 from transformer.trainer import Trainer, TrainerCallback

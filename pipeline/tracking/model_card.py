@@ -5,17 +5,27 @@ tags on the version carry the same figures for search (``bleu.test_2016_flickr``
 
 The tags travel in the request that creates the version: set one by one (``set_model_version_tag``,
 MLflow has no batch call for a version's tags) they cost two requests each (the tag and the client's
-check that the model is no prompt), ~140 requests for a card on a team's server."""
+check that the model is no prompt), ~140 requests for a card on a team's server.
+
+A version is tagged with what makes it that version: the model file's sha256 (``model_sha256``)
+and, with the decoding settings, ``identity_sha256``; registering the same bytes from the same run
+with the same settings again (a forced re-evaluation, a retry after a lost response) finds that
+version (``existing_version``) instead of making an identical second one."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import io
+import json
 from collections.abc import Mapping
 from typing import Any
 
 import mlflow
 
 from pipeline.scoring.reports import LITERATURE_KEY, LITERATURE_LABEL, TEST
-from pipeline.tracking.store import best_effort, client
+from pipeline.tracking.failures import best_effort
+from pipeline.tracking.store import client
 
 # What each data set's text is: the card's domain limit. Unknown data sets get a generic line.
 DOMAINS = {
@@ -25,6 +35,21 @@ DOMAINS = {
              "weaker on conversational, medical or technical text",
 }
 DESCRIPTION_LIMIT = 5000   # MLflow's SQL store column for a model version's description
+MODEL_SHA_TAG, IDENTITY_TAG = "model_sha256", "identity_sha256"
+
+
+def identity_tags(model_sha256: str, decoding: Mapping[str, Any]) -> dict[str, str]:
+    """The version's identity: the model file's sha256, and the sha256 of it with the decoding
+    settings (sorted JSON), so that one tag compares both."""
+    settings = json.dumps({"model_sha256": model_sha256, "decoding": dict(decoding)}, sort_keys=True, default=str)
+    return {MODEL_SHA_TAG: model_sha256, IDENTITY_TAG: hashlib.sha256(settings.encode()).hexdigest()}
+
+
+def existing_version(name: str, run_id: str, identity: Mapping[str, str]) -> str | None:
+    """The (first) version of ``name`` registered from ``run_id`` with the same identity tags, if any."""
+    found = client().search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
+    same = [int(v.version) for v in found if v.tags.get(IDENTITY_TAG) == identity[IDENTITY_TAG]]
+    return str(min(same)) if same else None
 
 
 def _number(value: Any, digits: int = 0) -> str:
@@ -216,16 +241,19 @@ def _card_run(c: Any, run_id: str, card: dict[str, Any]) -> Any:
     return run
 
 
-def register_version(name: str, model_uri: str, run_id: str, **card: Any) -> str:
+def register_version(name: str, model_uri: str, run_id: str, identity: Mapping[str, str], **card: Any) -> str:
     """Register the logged model ``model_uri`` (of run ``run_id``) as a new version of ``name`` with its
-    model card (``model_card``'s arguments in ``card``); returns the version. The tags go with the
-    version's creation, the description (which names the version) right after. The card is best
-    effort: one that cannot be made or written is a warning, and the version is registered all the same."""
+    identity tags (``identity_tags``) and model card (``model_card``'s arguments in ``card``); returns
+    the version. The tags go with the version's creation, the description (which names the version)
+    right after. The card is best effort: one that cannot be made or written is a warning, and the
+    version is registered all the same."""
     c = client()
     run = best_effort("model card", _card_run, c, run_id, card)
     made = run and best_effort("model card", model_card, name, "", run, **card)
     tags = {key: value[:5000] for key, value in made[1].items()} if made else {}
-    version = str(mlflow.register_model(model_uri, name, tags=tags).version)
+    tags.update(identity)
+    with contextlib.redirect_stderr(io.StringIO()):   # MLflow's "Successfully registered" lines: ours say it
+        version = str(mlflow.register_model(model_uri, name, tags=tags).version)
     if made:
         description, _ = model_card(name, version, run, **card)
         best_effort("model card", c.update_model_version, name, version, description=description)

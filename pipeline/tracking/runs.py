@@ -13,7 +13,8 @@ from mlflow.entities import Param
 from mlflow.tracking import MlflowClient
 
 from pipeline.tracking.buffer import save_unsent
-from pipeline.tracking.store import best_effort, client, safe_uri, tracking_uri
+from pipeline.tracking.failures import best_effort
+from pipeline.tracking.store import client, safe_uri, tracking_uri
 from pipeline.tracking.tags import param_value, params_hash
 
 

@@ -1,14 +1,11 @@
 """The tracking store: ``MLFLOW_TRACKING_URI`` when set (a team's server), else the embedded
 store at the repository root (SQLite ``mlflow.db``, artifacts beside it in ``mlartifacts/``); the
-client, experiments, and ``best_effort``: a tracking call that fails is a warning, never the end of
-a stage's work."""
+client and experiments. (A tracking call whose failure is a warning: ``failures.best_effort``.)"""
 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
-from typing import Any
 
 import mlflow
 from mlflow.tracking import MlflowClient
@@ -21,6 +18,10 @@ CHAMPION_ALIAS = "champion"
 # A tracking server that went away must cost seconds, not MLflow's default minutes of retries.
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+# Our commands print our own lines: no progress bars, run links or model URLs of MLflow's among them.
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+os.environ.setdefault("MLFLOW_PRINT_MODEL_URLS_ON_CREATION", "false")
 
 
 def _default_uri() -> str:
@@ -65,12 +66,3 @@ def experiment_id(name: str, c: MlflowClient | None = None) -> str:
         return found.experiment_id
     location = None if _user_uri() else Path(DEFAULT_ARTIFACTS).resolve().as_uri()
     return c.create_experiment(name, artifact_location=location)
-
-
-def best_effort(action: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """Run a tracking call; a failure is a warning, never the end of the stage's work."""
-    try:
-        return fn(*args, **kwargs)
-    except Exception as err:
-        print(f"warning: MLflow {action} failed: {type(err).__name__}: {str(err)[:300]}", file=sys.stderr, flush=True)
-        return None

@@ -8,7 +8,8 @@ the server killed during training and back before evaluate; its second raises ``
 (a finished run's model trained further), has the server killed again and back only after the
 pipeline, when ``python -m pipeline.tracking.replay`` registers the version; its third raises it
 again with the server away before the training starts (no run to log into: the training's whole
-run waits in the queue) and back before tune, whose replay makes the run and registers the version."""
+run waits in the queue) and back before tune, whose replay makes the run and registers the version;
+its fourth (a wrong password, a forced re-evaluation): ``refused_and_repeated``."""
 
 from __future__ import annotations
 
@@ -148,6 +149,8 @@ def test_server_killed_during_training_loses_no_registration(stack, tmp_path, mo
     replay = m.run(PYTHON, "-m", "pipeline.tracking.replay")
     assert replay.returncode == 0, replay.stdout + replay.stderr
     assert "registered model 'faults-model' version 2" in replay.stdout, replay.stdout
+    for noise in ("🏃", "🧪", "Successfully registered", "Created version", "%|"):   # our lines only
+        assert noise not in replay.stdout + replay.stderr, (noise, replay.stdout + replay.stderr)
     assert not (m.path / "reports/mlflow_unsent.json").exists()
     assert not any((m.path / "reports/mlflow_unsent").glob("*/"))   # the records' copies went with them
     assert pending_challenger(m.path, paths.AVERAGED_MODEL) == ""
@@ -162,6 +165,7 @@ def test_server_killed_during_training_loses_no_registration(stack, tmp_path, mo
     assert first.data.params["train.max_steps"] == "40" and first.info.status == "FINISHED"
 
     server_away_when_training_starts(stack, m, client, second_run)
+    refused_and_repeated(m, client)
 
 
 def server_away_when_training_starts(stack: Stack, m: Machine, client, previous_run: str) -> None:
@@ -195,6 +199,35 @@ def server_away_when_training_starts(stack: Stack, m: Machine, client, previous_
     (version,) = versions_of(client, family(client, third_run))
     assert str(version.version) == "3"
     assert "test/test_2016_flickr/bleu" in client.get_run(version.run_id).data.metrics
+
+
+def refused_and_repeated(m: Machine, client) -> None:
+    """4. A wrong password: a stage run by plain ``dvc repro`` stops at its start with one line and
+    exit 2, nothing queued. A forced re-evaluation of the same model registers no second version,
+    and prints our lines only."""
+    wrong = {**m.env, "MLFLOW_TRACKING_PASSWORD": "wrong"}
+    model = m.path / paths.AVERAGED_MODEL
+    refused = subprocess.run([str(BIN / "dvc"), "repro", "-s", "-f", "average"], cwd=m.path, env=wrong,
+                             capture_output=True, text=True, timeout=300)
+    assert refused.returncode != 0 and "exited with 2" in refused.stderr, refused.stdout + refused.stderr
+    uri = m.env["MLFLOW_TRACKING_URI"]
+    assert [line for line in refused.stderr.splitlines() if line.startswith("error: ")] == [
+        f"error: the MLflow server at {uri} answered 401: its credentials were refused (MLFLOW_TRACKING_USERNAME "
+        "and MLFLOW_TRACKING_PASSWORD; with the team's stack, `source .stack/env`)"], refused.stderr
+    assert not (m.path / "reports/mlflow_unsent.json").exists()
+    assert "averaged " not in refused.stdout   # stopped before any work
+    # DVC removed the stage's output before running it, as for any stage that fails; its cache has it.
+    assert m.dvc("checkout").returncode == 0 and "up to date" in m.dvc("status").stdout
+
+    versions = {str(v.version) for v in client.search_model_versions(f"name = '{MODEL}'")}
+    again = repro(m, "-s", "-f", "evaluate")
+    assert f"MLflow: {MODEL!r} version 3 already holds this model (sha256 " in again.stdout, again.stdout
+    assert "not registered again" in again.stdout and "registered model" not in again.stdout
+    assert {str(v.version) for v in client.search_model_versions(f"name = '{MODEL}'")} == versions
+    (version,) = [v for v in client.search_model_versions(f"name = '{MODEL}'") if str(v.version) == "3"]
+    assert version.tags["model_sha256"] == file_sha256(model) and len(version.tags["identity_sha256"]) == 64
+    for noise in ("🏃", "🧪", "Successfully registered", "Created version", "%|"):   # MLflow's own lines
+        assert noise not in again.stdout + again.stderr, (noise, again.stdout + again.stderr)
 
 
 def one_error_line(result: subprocess.CompletedProcess, *words: str, service: str = "MLflow") -> None:

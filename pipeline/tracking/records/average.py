@@ -15,6 +15,12 @@ from pipeline.tracking.runs import not_tracked, own_run
 from pipeline.tracking.store import client
 
 
+def links(data: Mapping[str, Any]) -> tuple[set[str], set[str]]:
+    """(what the record needs found on the server, what it links there): the training's newest
+    averaged checkpoint; the averaged model, found by tune and evaluate."""
+    return {data["checkpoint_sha256"]}, {data["model_sha256"]}
+
+
 def send(data: Mapping[str, Any], files: Mapping[str, Path], progress: MutableMapping[str, Any]) -> None:
     """``data``: experiment, section (the ``average.*`` params), checkpoint_sha256, model_sha256,
     metrics, timestamp (ms)."""

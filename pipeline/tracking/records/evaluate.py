@@ -22,6 +22,12 @@ MODEL, TOKENIZER, CORPUS_STATS = "model.pt", "spm.model", "stats.json"
 CT2_MODEL = "ctranslate2"   # the export stage's folder, logged as the version's artifact of that name
 
 
+def links(data: Mapping[str, Any]) -> tuple[set[str], set[str]]:
+    """(what the record needs found on the server, what it links there): the model's run, found
+    through the average and tune records' links; nothing later needs this record."""
+    return {data["model_sha256"]}, set()
+
+
 def send(data: Mapping[str, Any], files: Mapping[str, Path], progress: MutableMapping[str, Any]) -> None:
     """``data``: experiment, section (``evaluate.*`` params), model_sha256, tuned (tune decoded this
     model), decoding (``Decoding.as_dict()``), values (the metrics to log), registered_model,
@@ -56,5 +62,4 @@ def send(data: Mapping[str, Any], files: Mapping[str, Path], progress: MutableMa
         if not version:
             raise RuntimeError(f"the model logged into run {run_id} was not registered as {data['registered_model']!r}")
         progress["version"] = version
-        print(f"MLflow: registered model {data['registered_model']!r} version {version} (run {run_id})", flush=True)
     c.set_terminated(run_id, "FINISHED")

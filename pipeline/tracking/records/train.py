@@ -73,6 +73,14 @@ def _missing(c: MlflowClient, run_id: str, metrics: list[Metric]) -> list[Metric
     return [m for m in metrics if m.step not in logged[m.key]]
 
 
+def links(data: Mapping[str, Any]) -> tuple[set[str], set[str]]:
+    """(what the record needs found on the server, what it links there): the checkpoints it resumed
+    from and the weights it was initialised with (the run it continues, its lineage); its own
+    checkpoints, by which the average record finds the run."""
+    needs = set(data.get("resumed_from") or []) | ({data["init_sha256"]} if data.get("init_sha256") else set())
+    return needs, set((data.get("link_tags") or {}).values())
+
+
 def send(data: Mapping[str, Any], files: Mapping[str, Path], progress: MutableMapping[str, Any]) -> None:
     """``data``: experiment, run_name, start_time and end_time (ms), params (``derived.*`` among them),
     tags (set when the run is made), resumed_from (the sha256s of the checkpoints it resumed from,

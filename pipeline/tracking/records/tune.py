@@ -21,6 +21,12 @@ from pipeline.tracking.store import client
 REPORT, DETAIL = "tune.json", "scores.json"   # the reports' names among the record's files (docs/metrics.md)
 
 
+def links(data: Mapping[str, Any]) -> tuple[set[str], set[str]]:
+    """(what the record needs found on the server, what it links there): the model, by the average
+    record's link; the run evaluate logs into (``LINK_TUNED``, the same sha256)."""
+    return {data["model_sha256"]}, {data["model_sha256"]}
+
+
 def send(data: Mapping[str, Any], files: Mapping[str, Path], progress: MutableMapping[str, Any]) -> None:
     """``data``: experiment, section (``tune.*`` params and the chosen point), model_sha256, report,
     seconds, times (per grid point), timestamp (ms). ``files``: the report (``tune.json``)."""
