@@ -4,10 +4,12 @@ tiers; and the order of the work among pytest-xdist workers.
 Tiers (docs/testing.md). The markers of pyproject.toml name what makes a test expensive: ``service``
 (a real server: PostgreSQL, MLflow, Prefect, the HTTP model server, the S3 store), ``pipeline``
 (``dvc repro``, a DVC experiment, a stage or a bench as a subprocess), ``training`` (a real training
-longer than a couple of seconds), ``slow`` (anything else past a few seconds). ``make test-fast``
-deselects all four; ``make test`` (CI) runs everything. They are added here, in one place, by what a
-test uses (its directory, its fixtures) and, for the rest, by the table ``MARKS``; a test module may
-also carry its own ``pytestmark``.
+longer than a couple of seconds), ``slow`` (anything else past a few seconds); ``fast`` says a
+module belongs to the quick tier. ``make test-fast`` deselects the four costly ones; ``make test``
+(CI) runs everything. Every test module declares its tier in its ``pytestmark`` (a module without
+one fails collection), and a test that costs more than its module carries its own mark; so a test
+keeps its tier when it is renamed. Tests that use an expensive fixture (``FIXTURE_MARKS``) get its
+marks here as well.
 
 Workers. ``make test`` runs two pytest-xdist workers with ``--dist loadfile``: a file's tests stay on
 one worker, so a module fixture is built once and a session fixture at most once per worker. On top
@@ -26,10 +28,6 @@ import torch
 
 TESTS = Path(__file__).resolve().parent
 
-# Directories whose every test has the marks: tests/team starts the team's services (the stack, or
-# second hosts in network namespaces running torchrun and Prefect workers).
-DIRECTORY_MARKS = {"team": ("service",)}
-
 # Fixtures that make a test expensive, and the marks they bring (to every test that uses them,
 # directly or through another fixture).
 FIXTURE_MARKS = {
@@ -41,36 +39,7 @@ FIXTURE_MARKS = {
     "copy_task": ("training",),                    # tests/transformer/conftest.py: 1000 updates of a copy task
 }
 
-# The rest, by module or by test (a node id prefix), from `--durations` of the whole suite.
-MARKS = {
-    "tests/pipeline/serving/test_server.py": ("service", "training"),   # the HTTP model server, a registered model
-    "tests/pipeline/serving/test_mlflow_server.py": ("service", "training"),   # mlflow models serve
-    "tests/pipeline/test_tracking.py::test_training_survives_a_tracking_server": ("service", "pipeline"),
-    "tests/reliability/test_concurrency.py": ("service", "pipeline"),   # make ui, a Prefect server, two dvc repro
-    "tests/pipeline/test_flows.py::test_finetune_without_a_champion": ("pipeline",),
-    "tests/pipeline/test_wmt14_pipeline.py": ("pipeline",),
-    "tests/pipeline/experiments/test_sweep.py::test_a_two_point_sweep": ("pipeline",),
-    "tests/pipeline/stages/test_download.py::test_stage_writes_the_corpus": ("pipeline",),
-    "tests/pipeline/stages/test_download.py::test_bad_param_exits_2": ("pipeline",),
-    "tests/pipeline/stages/test_download.py::test_data_error_exits_2": ("pipeline",),
-    "tests/pipeline/stages/test_download.py::test_failed_download_under_dvc_repro": ("pipeline",),
-    "tests/pipeline/stages/test_parent_death.py": ("pipeline",),   # process families killed and watched
-    "tests/reliability/test_downloads.py::test_download_stage_rejects": ("pipeline",),
-    "tests/reliability/test_kill_resume.py": ("pipeline", "training"),   # trainings in children, SIGKILLed
-    "tests/reliability/test_graceful_stop.py": ("training",),
-    "tests/transformer/test_trainer.py::test_resume_in_a_fresh_process_is_exact": ("training",),
-    "tests/transformer/test_trainer_distributed.py": ("training",),   # gloo process groups
-    "tests/transformer/test_trainer_distributed_resume.py": ("training",),
-    "tests/transformer/test_trainer_distributed_stop.py": ("training",),
-    "tests/pipeline/serving/test_export.py::test_greedy_matches_ctranslate2": ("training",),
-    "tests/pipeline/serving/test_export.py::test_beam_agreement_reported": ("training",),
-    "tests/pipeline/serving/test_export.py::test_command_line_export_int8": ("training",),
-    "tests/bench/test_decode_speed.py": ("slow",),   # the benches, run as their commands
-    "tests/bench/test_decode_latency.py": ("slow",),
-    "tests/bench/test_train_throughput.py::test_train_bench_runs": ("slow",),
-    "tests/bench/test_gpu_campaign.py": ("slow",),
-    "tests/pipeline/workers/test_workspace.py::test_the_steps_clone_once": ("slow",),
-}
+TIERS = ("fast", "service", "pipeline", "training", "slow")
 
 # Session fixtures expensive enough that the modules using them share one worker.
 SHARED = {"workspace": "workspace", "beam1_experiment": "workspace", "copy_task": "copy_task",
@@ -87,23 +56,23 @@ def _seed_torch():
     yield
 
 
-def marks_of(nodeid: str, fixturenames: list[str]) -> set[str]:
-    path = nodeid.split("::", 1)[0]
-    parts = Path(path).parts
-    marks = set()
-    if len(parts) > 1 and parts[0] == "tests":
-        marks.update(DIRECTORY_MARKS.get(parts[1], ()))
-    for name in fixturenames:
-        marks.update(FIXTURE_MARKS.get(name, ()))
-    for prefix, names in MARKS.items():
-        if nodeid == prefix or nodeid.startswith(prefix + ("::" if "::" not in prefix else "")):
-            marks.update(names)
-    return marks
+def module_tiers(module: object) -> set[str]:
+    """The tier markers of a test module's ``pytestmark``."""
+    marks = getattr(module, "pytestmark", [])
+    marks = marks if isinstance(marks, list) else [marks]
+    return {mark.name for mark in marks if getattr(mark, "name", None) in TIERS}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:   # node ids are relative to the repository (pyproject.toml's folder)
-        for name in sorted(marks_of(item.nodeid, getattr(item, "fixturenames", []))):
+    untiered = sorted({item.nodeid.split("::", 1)[0] for item in items
+                       if isinstance(item, pytest.Function) and not module_tiers(item.module)})
+    if untiered:
+        raise pytest.UsageError(
+            f"test module(s) without a tier: {', '.join(untiered)}; give each a `pytestmark` of "
+            f"{', '.join(f'pytest.mark.{t}' for t in TIERS)} (docs/testing.md); a test that costs more "
+            "than its module's tier carries its own mark")
+    for item in items:
+        for name in sorted({m for f in getattr(item, "fixturenames", []) for m in FIXTURE_MARKS.get(f, ())}):
             item.add_marker(name)
 
 

@@ -13,9 +13,12 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from pipeline.tracking.model_code import _imports, _lazy, _targets
+
+pytestmark = pytest.mark.fast
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipeline", "transformer")

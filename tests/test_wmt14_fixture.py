@@ -13,6 +13,8 @@ import pytest
 
 from tests import wmt14_fixture as fx
 
+pytestmark = pytest.mark.fast
+
 try:   # the registry moved from pipeline/datasets.py into the pipeline.data package
     from pipeline.data.registry import REGISTRY
 except ImportError:  # pragma: no cover - the layout before the move

@@ -16,6 +16,8 @@ from transformer.config import build_config
 from transformer.model import Transformer
 from transformer.tokenizer import Tokenizer, train_tokenizer
 
+pytestmark = pytest.mark.slow
+
 
 def test_decode_latency_bench_compares_one_sentence_decoding_and_profiles_ours(tmp_path):
     source = MIRROR / "data/task1/raw/train.en.gz"

@@ -7,6 +7,8 @@ import pytest
 
 from tests.bench import run_bench
 
+pytestmark = pytest.mark.slow
+
 
 def test_decode_bench_runs_and_says_what_it_measured(tmp_path):
     result = run_bench("decode_speed.py", ["--model", str(tmp_path / "none.pt"), "--train-seconds", "0",

@@ -19,6 +19,8 @@ from pipeline.config.params import load_params
 from tests.bench import ROOT, run_bench
 from transformer.data import write_token_store
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def big_run(tmp_path_factory) -> subprocess.CompletedProcess:

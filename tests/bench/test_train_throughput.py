@@ -17,6 +17,8 @@ from transformer import PAD_ID, Transformer, build_config
 from transformer.attention import FUSED_CPU_MAX_ROWS
 from transformer.precision import cpu_supports_bf16
 
+pytestmark = pytest.mark.fast
+
 
 def load_bench():
     """bench/train_throughput.py as a module (bench/ is a folder of scripts, not a package)."""
@@ -28,6 +30,7 @@ def load_bench():
     return sys.modules["train_throughput"]
 
 
+@pytest.mark.slow
 def test_train_bench_runs_and_prints_both_speeds_mfu_and_their_ratio(tmp_path):
     """The reference trains in our precision (the ratio is like for like); ``--fp32-reference`` adds
     its fp32 timing in the same rounds, labelled, with its own ratio line before ``ratio=``."""

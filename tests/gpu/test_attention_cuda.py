@@ -18,7 +18,7 @@ from transformer.model import AttentionWeights
 from transformer.precision import autocast
 from transformer.tokens import BOS_ID, PAD_ID
 
-pytestmark = requires_cuda
+pytestmark = [requires_cuda, pytest.mark.fast]
 CUDA = torch.device("cuda")
 B, H, D_HEAD = 3, 4, 16
 

@@ -12,7 +12,7 @@ from tests.transformer.test_search import SENTENCES
 from transformer.search import beam_search, greedy_search, length_penalty
 from transformer.tokens import BOS_ID
 
-pytestmark = requires_cuda
+pytestmark = [requires_cuda, pytest.mark.fast]
 CUDA = torch.device("cuda")
 
 

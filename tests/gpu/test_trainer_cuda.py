@@ -22,7 +22,7 @@ from transformer.model import Transformer
 from transformer.schedule import inverse_sqrt_lr
 from transformer.trainer import Trainer
 
-pytestmark = requires_cuda
+pytestmark = [requires_cuda, pytest.mark.fast]
 REPO = Path(__file__).resolve().parents[2]
 NCCL_HELPER = Path(__file__).resolve().with_name("nccl_run.py")
 

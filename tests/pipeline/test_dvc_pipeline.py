@@ -7,9 +7,12 @@ import json
 import shutil
 import subprocess
 
+import pytest
 import yaml
 
 from .conftest import BIN
+
+pytestmark = pytest.mark.fast
 
 
 def test_second_repro_is_a_no_op(workspace):

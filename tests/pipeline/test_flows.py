@@ -21,6 +21,8 @@ from pipeline.tracking.store import CHAMPION_ALIAS
 
 from .conftest import MIRROR, make_workspace, needs_mirror, tiny_params
 
+pytestmark = pytest.mark.fast
+
 FLOWS = {"schedule_cron": "15 4 * * 2", "schedule_timezone": "Europe/Berlin", "deployment_name": "test-retraining",
          "significance": 0.05, "bootstrap_resamples": 1000, "gate_set": ""}
 MODEL = "test-translator"
@@ -329,6 +331,7 @@ def test_finetune_retraining_starts_from_the_champion_with_its_tokenizer(first_r
             (incoming / name).unlink(missing_ok=True)
 
 
+@pytest.mark.pipeline
 def test_finetune_without_a_champion_trains_from_scratch(registry, tmp_path):
     """No champion yet: finetune falls back to scratch (and says so); scratch clears the init keys."""
     import yaml

@@ -28,6 +28,8 @@ from transformer.trainer import TrainConfig, Trainer, TrainerCallback
 
 from .conftest import BIN
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.fixture(scope="module")
 def run(workspace):
@@ -128,6 +130,8 @@ def _kill_server(server: subprocess.Popen) -> None:
     server.wait()
 
 
+@pytest.mark.service
+@pytest.mark.pipeline
 def test_training_survives_a_tracking_server_that_goes_away_and_replays_into_the_same_run(tmp_path, monkeypatch):
     """A real MLflow server on 127.0.0.1 is killed at update 30 of 60: training finishes, the metrics
     sent before are in the store, the rest (and the run's end) are kept in reports/mlflow_unsent.json;

@@ -15,12 +15,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.wmt14_fixture import generate
 
 from ..fakes import range_server
 from .conftest import make_workspace
+
+pytestmark = pytest.mark.pipeline
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -26,6 +26,8 @@ from tests.pipeline.conftest import BIN, MIRROR, make_workspace, tiny_params
 
 from .conftest import REPO
 
+pytestmark = [pytest.mark.service, pytest.mark.pipeline]
+
 LOOPBACK = {"127.0.0.1", "::1"}
 needs_mirror = pytest.mark.skipif(not (MIRROR / "data/task1/raw/train.en.gz").is_file(),
                                   reason=f"the Multi30k mirror is not at {MIRROR}")

@@ -35,6 +35,8 @@ from pipeline.data.spec import DataError
 from ..fakes import RAW, corrupt, fake_multi30k, http_server, published_spec
 from .conftest import REPO
 
+pytestmark = pytest.mark.fast
+
 MIRROR = REPO.parent / "shared" / "data" / "multi30k"
 NEEDED = [f"{RAW}/{split}.{lang}.gz" for split in ("train", "val", "test_2016_flickr") for lang in ("en", "de")]
 CACHE_NAME = registry.REGISTRY["multi30k"].cache_name
@@ -46,6 +48,7 @@ def files_under(folder: Path) -> list[str]:
     return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if not p.is_dir())
 
 
+@pytest.mark.pipeline
 @pytest.mark.skipif(not (MIRROR / RAW / "train.en.gz").is_file(), reason=f"the Multi30k mirror is not at {MIRROR}")
 def test_download_stage_rejects_truncated_and_tampered_downloads(tmp_path):
     """Three stage processes at once (each mostly waits out pooch's backoff), one server each."""

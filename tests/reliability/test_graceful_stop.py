@@ -24,6 +24,8 @@ from transformer.data import TokenStore, write_token_store
 from transformer.model import Transformer
 from transformer.trainer import TrainConfig, Trainer, TrainerCallback, list_checkpoints
 
+pytestmark = pytest.mark.training
+
 CONFIG = dict(max_steps=14, max_tokens=64, warmup_steps=4, log_every=3, validate_every=5, checkpoint_every_steps=4,
               keep_checkpoints=2, precision="fp32", device="cpu", seed=3, clip_norm=1.0)
 STOP_AT = 5

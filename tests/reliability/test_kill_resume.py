@@ -37,6 +37,8 @@ from transformer.trainer import list_checkpoints
 
 from ..fakes import params_with
 
+pytestmark = [pytest.mark.pipeline, pytest.mark.training]
+
 REPO = Path(__file__).resolve().parents[2]
 CHILD = Path(__file__).resolve().with_name("train_child.py")
 N_STEPS = 30          # 6 epochs of 5 updates (10 batches of <= 96 tokens, 2 batches an update)

@@ -54,6 +54,8 @@ from ..fakes import (
     write_gz,
 )
 
+pytestmark = pytest.mark.fast
+
 CKPT_2 = "models/checkpoints/checkpoint_00000002.pt"
 CKPT_4 = "models/checkpoints/checkpoint_00000004.pt"
 MODEL = "models/model.pt"

@@ -13,6 +13,8 @@ from pipeline.workers.deploy import check_working_tree, uncommitted_changes
 
 from .conftest import REPO
 
+pytestmark = pytest.mark.service
+
 DVC_YAML = """stages:
   train:
     cmd: python -m code.train

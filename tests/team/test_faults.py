@@ -22,6 +22,8 @@ from ..pipeline.conftest import MIRROR, make_workspace, tiny_params
 from .conftest import PYTHON, Stack, server_client
 from .test_two_machines import Machine, sourced
 
+pytestmark = pytest.mark.service
+
 
 def machine(stack: Stack, root, params: dict) -> Machine:
     path, env = make_workspace(root, params)

@@ -26,6 +26,8 @@ from pipeline.stack.settings import PORT_OFFSETS
 
 from .conftest import Stack
 
+pytestmark = pytest.mark.service
+
 SERVICES = ("postgres", "s3", "mlflow", "prefect")
 GRPC = {"weed.master.grpc", "weed.volume.grpc", "weed.filer.grpc", "weed.s3.grpc"}
 WEED_HTTP = {"weed.master", "weed.volume", "weed.filer"}

@@ -9,9 +9,13 @@ from __future__ import annotations
 import os
 import subprocess
 
+import pytest
+
 from .conftest import PYTHON, REPO, Stack
 from .test_deploy_checks import git, repo  # noqa: F401 (a fixture)
 from .test_tracking_faults import free_port, one_error_line
+
+pytestmark = pytest.mark.service
 
 
 def client_env(stack: Stack, home) -> dict[str, str]:

@@ -7,9 +7,12 @@ from __future__ import annotations
 import subprocess
 
 import boto3
+import pytest
 
 from ..pipeline.conftest import BIN
 from .conftest import PYTHON, REPO, Stack, free_port_base
+
+pytestmark = pytest.mark.service
 
 
 def clone_with_remote(stack: Stack, root, endpoint: str | None = None) -> dict[str, str]:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import boto3
+import pytest
 from mlflow.tracking import MlflowClient
 
 from pipeline.stack.processes import pid_alive, port_taken, read_pid
@@ -18,6 +19,8 @@ from pipeline.stack.settings import PORT_OFFSETS, StackSettings
 
 from ..pipeline.conftest import BIN
 from .conftest import Stack, server_client, stack_cli_env
+
+pytestmark = pytest.mark.service
 
 SERVICES = ("postgres", "s3", "mlflow", "prefect")
 

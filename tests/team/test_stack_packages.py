@@ -7,7 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from .stack_packages import STACK_MODULES, top_level_imports
+
+pytestmark = pytest.mark.service
 
 HERE = Path(__file__).parent
 

@@ -13,11 +13,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
+
 from pipeline.stack.groups import read_record, tagged_members
 from pipeline.stack.processes import pid_alive, port_taken
 from pipeline.stack.settings import PORT_OFFSETS
 
 from .conftest import Stack, free_port_base, stack_cli_env
+
+pytestmark = pytest.mark.service
 
 
 def crash_mlflow(stack: Stack) -> tuple[int, list[int]]:

@@ -22,6 +22,8 @@ from pipeline.stack.settings import StackSettings
 
 from .conftest import free_port_base
 
+pytestmark = pytest.mark.service
+
 DISK_BYTES = 100 * 2**30
 
 

@@ -33,6 +33,8 @@ from .conftest import PYTHON, REPO, Stack
 from .test_faults import client_for, machine, needs_mirror, restart  # noqa: F401 (a fixture)
 from .test_two_machines import Machine
 
+pytestmark = pytest.mark.service
+
 MODEL = "faults-model"
 WAITING = "waiting in reports/mlflow_unsent.json"
 

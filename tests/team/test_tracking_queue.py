@@ -26,6 +26,8 @@ from ..pipeline.conftest import BIN
 from ..pipeline.tracking.test_offline_training import nowhere
 from .conftest import PYTHON, REPO, Stack, server_client
 
+pytestmark = pytest.mark.service
+
 QUEUE = "reports/mlflow_unsent.json"
 
 

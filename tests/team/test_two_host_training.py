@@ -50,6 +50,8 @@ from ..pipeline.conftest import BIN, TINY, make_workspace, tiny_params
 from . import hosts
 from .conftest import skip_without_second_hosts
 
+pytestmark = pytest.mark.service
+
 STEPS = 60                    # updates of every run; a checkpoint every 4 of them
 LOST_TIMEOUT_S = 30           # TRAIN_DIST_TIMEOUT_S of the killed-rank test: a dead process is seen at once
 SILENT_TIMEOUT_S = 10         # ... of the cut-off test: there, only the timeout can tell

@@ -22,6 +22,8 @@ from mlflow.tracking import MlflowClient
 from ..pipeline.conftest import BIN, MIRROR, make_workspace, tiny_params
 from .conftest import PYTHON, Stack, server_client
 
+pytestmark = pytest.mark.service
+
 EXPERIMENT, MODEL = "team-test", "team-translator"
 
 

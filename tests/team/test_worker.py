@@ -32,6 +32,8 @@ from . import hosts
 from .conftest import PYTHON, Stack, running_stack, server_client, skip_without_second_hosts
 from .test_two_machines import Machine, sourced
 
+pytestmark = pytest.mark.service
+
 EXPERIMENT, MODEL, POOL, BRANCH = "worker-test", "worker-translator", "test-gpu-pool", "retraining/worker-a"
 DEPLOYMENT = "team-retraining/scheduled-retraining"
 HERE = Path(__file__).resolve().parent

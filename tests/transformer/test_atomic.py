@@ -10,6 +10,8 @@ import pytest
 
 from transformer.atomic import atomic_dir, atomic_write, dir_sha256, file_sha256, write_json, write_lines, write_text
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.fixture
 def umask_027():

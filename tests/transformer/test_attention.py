@@ -8,6 +8,8 @@ import torch
 
 from transformer.attention import FUSED_CPU_MAX_ROWS, KVCache, MultiHeadAttention, scaled_dot_product_attention
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.fixture(autouse=True)
 def _no_grad():

@@ -21,6 +21,8 @@ from transformer.tokens import BOS_ID
 
 from .conftest import pad_batch, tiny_model
 
+pytestmark = pytest.mark.fast
+
 
 class Payload:
     """An arbitrary class: unpickling it would need code execution, which weights_only refuses."""

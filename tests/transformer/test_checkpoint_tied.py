@@ -19,6 +19,8 @@ from transformer.checkpoint import (
 
 from .conftest import tiny_model
 
+pytestmark = pytest.mark.fast
+
 VOCAB = 1000   # the embedding dominates the file: 1000 x 32 float32 = 128 KB
 
 

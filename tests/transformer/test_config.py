@@ -6,6 +6,8 @@ import pytest
 
 from transformer.config import PRESETS, ConfigError, ModelConfig, build_config
 
+pytestmark = pytest.mark.fast
+
 
 def test_base_and_big_presets_are_table_3():
     base = build_config("base", 37000)

@@ -7,6 +7,8 @@ import torch
 from transformer.data import Batch, TokenBatchSampler, TokenStore, collate, write_token_store
 from transformer.tokens import BOS_ID, EOS_ID, PAD_ID
 
+pytestmark = pytest.mark.fast
+
 
 def random_pairs(n, vocab=30, max_len=20, seed=0):
     rng = np.random.default_rng(seed)

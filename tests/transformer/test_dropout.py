@@ -5,6 +5,8 @@ import torch
 
 from transformer.dropout import Dropout, dropout
 
+pytestmark = pytest.mark.fast
+
 
 def test_identity_when_not_training_or_p_zero():
     x = torch.randn(5, 7)

@@ -4,8 +4,12 @@ re-exported there, so old imports and new ones catch the same class."""
 import ast
 from pathlib import Path
 
+import pytest
+
 import transformer
 from transformer import checkpoint, config, errors, train_config, trainer
+
+pytestmark = pytest.mark.fast
 
 
 def test_one_class_each_wherever_it_is_imported_from():

@@ -8,6 +8,8 @@ from transformer.attention import KVCache
 from transformer.config import build_config
 from transformer.layers import ACTIVATIONS, DecoderLayer, EncoderLayer, FeedForward, Residual
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.fixture(autouse=True)
 def _no_grad():

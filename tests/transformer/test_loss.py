@@ -8,6 +8,8 @@ import torch.nn.functional as F
 
 from transformer.loss import CHUNK_ELEMENTS, label_smoothed_cross_entropy, projected_label_smoothed_cross_entropy
 
+pytestmark = pytest.mark.fast
+
 PAD = 0
 # B=1, T=3, V=4; the last position is padding.
 LOGITS = [[[2.0, 1.0, 0.0, -1.0], [0.5, 0.5, 3.0, 0.0], [9.0, -9.0, 4.0, 1.0]]]

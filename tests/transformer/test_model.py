@@ -11,6 +11,8 @@ from transformer.tokens import BOS_ID, EOS_ID, PAD_ID
 
 from .conftest import pad_batch, tiny_model
 
+pytestmark = pytest.mark.fast
+
 
 def max_diff(a, b):
     return float((a - b).detach().abs().max())

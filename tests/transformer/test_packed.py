@@ -15,7 +15,7 @@ from transformer.search import beam_search, greedy_search
 
 from .conftest import pad_batch, tiny_model
 
-pytestmark = pytest.mark.skipif(not packing_available(), reason="this PyTorch build has no oneDNN")
+pytestmark = [pytest.mark.skipif(not packing_available(), reason="this PyTorch build has no oneDNN"), pytest.mark.fast]
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])

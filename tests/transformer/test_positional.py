@@ -7,6 +7,8 @@ import torch
 
 from transformer.positional import POSITIONAL, LearnedPositions, SinusoidalPositions, sinusoidal_encoding
 
+pytestmark = pytest.mark.fast
+
 
 def test_shape_and_dtype():
     pe = sinusoidal_encoding(50, 16)

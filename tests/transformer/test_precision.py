@@ -8,6 +8,8 @@ import torch
 
 from transformer.precision import PRECISIONS, autocast, check_precision, cpu_supports_bf16, default_device
 
+pytestmark = pytest.mark.fast
+
 
 def test_default_device():
     expected = "cuda" if torch.cuda.is_available() else "cpu"

@@ -5,6 +5,7 @@ processes) gives every rank rank 0's. Two real ranks: test_trainer_distributed_s
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from transformer import rng_states
@@ -14,6 +15,8 @@ from transformer.model import Transformer
 from transformer.trainer import TrainConfig, Trainer
 
 from .test_trainer_distributed import pairs
+
+pytestmark = pytest.mark.fast
 
 
 def states(*seeds: int) -> list[torch.Tensor]:

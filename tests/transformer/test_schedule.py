@@ -12,6 +12,8 @@ from transformer.schedule import (
     rates_agree,
 )
 
+pytestmark = pytest.mark.fast
+
 
 def paper_lr(step, d_model=512, warmup=4000):
     return d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)

@@ -14,6 +14,8 @@ from transformer.tokens import BOS_ID, EOS_ID, PAD_ID
 
 from .conftest import pad_batch, tiny_model
 
+pytestmark = pytest.mark.fast
+
 SENTENCES = [[5, 6, 7], [8, 9, 10, 11, 12], [13], [14, 15, 16, 17], [18, 19, 20, 21, 22, 23, 4], [9, 9]]
 
 

@@ -8,6 +8,8 @@ spm = pytest.importorskip("sentencepiece")
 
 from transformer.tokenizer import Tokenizer, train_tokenizer  # noqa: E402
 
+pytestmark = pytest.mark.fast
+
 CORPUS = [
     "the cat sat on the mat", "a dog runs in the park", "two men are playing football",
     "the children play in the water", "a woman is reading a book", "people walk along the street",

@@ -1,8 +1,12 @@
 """transformer/tokens.py: the special ids shared by tokenizer, data store and search."""
 
+import pytest
+
 import transformer
 from transformer.config import ModelConfig
 from transformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+pytestmark = pytest.mark.fast
 
 
 def test_special_ids():

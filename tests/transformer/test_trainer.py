@@ -31,6 +31,8 @@ from transformer.trainer import (
 
 from .conftest import pad_batch, tiny_model
 
+pytestmark = pytest.mark.fast
+
 REPO = Path(__file__).resolve().parents[2]
 HELPER = Path(__file__).resolve().with_name("trainer_run.py")
 
@@ -105,6 +107,7 @@ def run_helper(store_path, checkpoint_dir, max_steps, every, resume=False):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.training
 def test_resume_in_a_fresh_process_is_exact(tmp_path):
     n_steps, every = 14, 6
     store = write_token_store(tmp_path / "train", random_pairs(40, seed=1), vocab_size=30)

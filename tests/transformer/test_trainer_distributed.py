@@ -13,6 +13,8 @@ from transformer.data import write_token_store
 from transformer.model import Transformer
 from transformer.trainer import TrainConfig, Trainer
 
+pytestmark = pytest.mark.training
+
 STEPS = 6
 
 

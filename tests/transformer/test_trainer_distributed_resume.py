@@ -21,6 +21,8 @@ from transformer.trainer import TrainConfig, Trainer, list_checkpoints
 
 from .test_trainer_distributed import pairs
 
+pytestmark = pytest.mark.training
+
 
 def make_trainer(store: str, checkpoints: Path, max_steps: int, update_freq: int = 1,
                  max_tokens: int = 48) -> Trainer:

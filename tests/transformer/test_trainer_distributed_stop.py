@@ -26,6 +26,8 @@ from transformer.trainer import TrainConfig, Trainer, list_checkpoints
 
 from .test_trainer_distributed import pairs
 
+pytestmark = pytest.mark.training
+
 STEPS, EVERY = 10, 5
 DROPOUT = 0.1        # the recipes': each rank's masks must resume where they were
 TRIGGER = 3          # the update after which one rank is told to stop; all stop after the next one

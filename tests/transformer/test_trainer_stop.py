@@ -14,6 +14,8 @@ from transformer.trainer import Trainer, TrainerCallback, list_checkpoints
 from .conftest import tiny_model
 from .test_trainer import Recorder, config, random_pairs
 
+pytestmark = pytest.mark.fast
+
 
 class SpendBudgetAt(TrainerCallback):
     """Marks the ``max_minutes`` budget spent once update ``step`` is logged (no waiting on a clock)."""

@@ -9,6 +9,8 @@ from pipeline.config.decoding_sections import EvaluateParams
 from pipeline.config.errors import ParamsError, TuneReportMissing
 from pipeline.serving.decoding import decoding_settings
 
+pytestmark = pytest.mark.fast
+
 
 def test_a_missing_report_is_tune_report_missing(tmp_path):
     with pytest.raises(TuneReportMissing, match="tune.json does not exist: evaluate.beam_size and evaluate.alpha"):

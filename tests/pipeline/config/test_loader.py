@@ -12,6 +12,8 @@ from pipeline.config.loader import SECTION_NAMES, load_sections, read_params
 from pipeline.config.tokenizer import TokenizerParams
 from tests.pipeline.conftest import REPO
 
+pytestmark = pytest.mark.fast
+
 
 def write(tmp_path, edit):
     raw = yaml.safe_load((REPO / "params.yaml").read_text())

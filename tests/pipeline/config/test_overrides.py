@@ -10,6 +10,8 @@ from pipeline.config.overrides import hydra_value, parse_overrides, set_param, w
 from pipeline.config.params import check
 from tests.pipeline.conftest import REPO
 
+pytestmark = pytest.mark.fast
+
 
 def test_overrides_are_read_as_yaml_and_applied_key_by_key():
     raw = {"train": {"max_steps": 10, "seed": 1}, "model": {"preset": "tiny"}}

@@ -10,6 +10,8 @@ from pipeline.serving.decoding import decoding_settings
 from tests.pipeline.conftest import REPO
 from transformer.trainer import TrainConfig
 
+pytestmark = pytest.mark.fast
+
 
 def write(tmp_path, edit):
     params = yaml.safe_load((REPO / "params.yaml").read_text())

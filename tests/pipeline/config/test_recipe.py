@@ -14,6 +14,8 @@ from pipeline.config.overrides import with_overrides
 from pipeline.config.recipe import check_recipe, exp_run_args, recipe_keys
 from tests.pipeline.conftest import BIN, REPO
 
+pytestmark = pytest.mark.fast
+
 RECIPES = sorted((REPO / "params").glob("wmt14_*.yaml"))
 
 

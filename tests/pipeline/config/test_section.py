@@ -11,6 +11,8 @@ from pipeline.config.section import dotted, package_message
 from transformer.config import ConfigError, ModelConfig
 from transformer.train_config import TrainConfig
 
+pytestmark = pytest.mark.fast
+
 
 def test_dotted_paths_write_list_positions_in_brackets():
     assert dotted("tune", ("alphas", 1)) == "tune.alphas[1]"

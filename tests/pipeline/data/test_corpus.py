@@ -28,6 +28,8 @@ from pipeline.data.spec import DataError
 from ...fakes import RAW, fake_multi30k, fake_statmt, link, sentences, tar, write_gz
 from .conftest import cached, lines, publish
 
+pytestmark = pytest.mark.fast
+
 REPO = Path(__file__).resolve().parents[3]
 MIRROR = REPO.parent / "shared" / "data" / "multi30k"
 

@@ -11,6 +11,8 @@ import pytest
 from pipeline.data.read import read_lines, read_pairs
 from pipeline.data.spec import DataError, RemoteFile, Side
 
+pytestmark = pytest.mark.fast
+
 SGM = """<refset setid="newstest2014" srclang="any" trglang="de">
 <doc sysid="ref" docid="1012-bbc" genre="news" origlang="en">
 <p>

@@ -16,6 +16,8 @@ from pipeline.data import references
 from pipeline.data.fetch_references import write_references
 from pipeline.data.spec import DataError
 
+pytestmark = pytest.mark.fast
+
 MIRROR = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "multi30k"
 needs_mirror = pytest.mark.skipif(not (MIRROR / "data/task1/tok").is_dir(),
                                   reason=f"the Multi30k mirror is not at {MIRROR}")

@@ -15,6 +15,8 @@ from pipeline.data.resumable import partial_path
 from pipeline.data.spec import DataError
 from tests.fakes import RAW, fake_multi30k, published_spec, range_server
 
+pytestmark = pytest.mark.fast
+
 TARGET = f"{RAW}/train.en.gz"
 
 

@@ -10,6 +10,8 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.experiments import compare
 
+pytestmark = pytest.mark.fast
+
 
 def markdown_rows(text: str) -> tuple[list[str], list[list[str]]]:
     lines = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith("|")]

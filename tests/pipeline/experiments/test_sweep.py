@@ -19,6 +19,8 @@ from pipeline.experiments import sweep
 from pipeline.experiments.compare import RANK_METRIC
 from tests.pipeline.conftest import BIN, REPO, TINY, make_workspace, needs_mirror, tiny_params
 
+pytestmark = pytest.mark.fast
+
 RUN = ["exp", "run", "--run-all", "-j", "1"]
 
 
@@ -134,6 +136,7 @@ if "tune" in yaml.safe_load((REPO / "params.yaml").read_text()):
     CHEAP["tune"] = {"beam_sizes": [1], "alphas": [0.6], "max_sentences": 50}
 
 
+@pytest.mark.pipeline
 @needs_mirror
 @pytest.mark.slow
 def test_a_two_point_sweep_runs_in_the_dvc_queue_and_compare_ranks_it_by_validation(tmp_path):

@@ -14,6 +14,8 @@ from PIL import Image
 
 from pipeline.figures import paper_figures
 
+pytestmark = pytest.mark.fast
+
 REPO = Path(__file__).resolve().parents[3]
 
 

@@ -13,6 +13,8 @@ import sacrebleu
 from pipeline.scoring.literature_bleu import KEY, LABEL, bleu_lc_tok, lc_norm_tok, literature_score
 from pipeline.scoring.reports import LITERATURE_KEY, LITERATURE_LABEL
 
+pytestmark = pytest.mark.fast
+
 MIRROR = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "multi30k" / "data" / "task1"
 
 

@@ -18,6 +18,8 @@ from pipeline.scoring.paper_bleu import (
     split_compounds,
 )
 
+pytestmark = pytest.mark.fast
+
 MERCEDES_REF = "Der neue Mercedes-Benz ist heute in Stuttgart vorgestellt worden."
 MERCEDES_HYP = "Der neue Mercedes ist heute in Stuttgart vorgestellt worden."
 

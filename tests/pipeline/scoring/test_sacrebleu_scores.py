@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import sacrebleu
 
 from pipeline.scoring.literature_bleu import KEY, literature_score
 from pipeline.scoring.sacrebleu_scores import BOOTSTRAP_SEED, bootstrap_ci, score
+
+pytestmark = pytest.mark.fast
 
 REFERENCES = ["Ein Mann fährt ein rotes Fahrrad.", "Zwei Hunde spielen im Schnee.", "Eine Frau liest ein Buch.",
               "Kinder spielen auf der Straße.", "Ein Hund läuft über die Wiese.", "Der Mann trägt einen Hut."] * 5

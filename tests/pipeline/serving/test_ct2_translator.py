@@ -29,6 +29,8 @@ from transformer.tokens import BOS_ID, PAD_ID
 from . import test_export as exported
 from .test_export import VOCAB, probe_sources
 
+pytestmark = pytest.mark.fast
+
 tokenizer_file, trained = exported.tokenizer_file, exported.trained   # the export tests' fixtures
 
 # Greedy is deterministic in both; a near-tie between two tokens can still go either way in the last

@@ -13,6 +13,8 @@ from pipeline.serving import decoding
 from pipeline.serving.decoding import DecodingConfig, RequestError, decoding_settings, request_settings
 from transformer.search import STOPPING_RULES
 
+pytestmark = pytest.mark.fast
+
 
 def test_the_papers_defaults_and_who_sets_what():
     assert DecodingConfig().to_dict() == {"beam_size": 4, "alpha": 0.6, "max_len_b": 50, "batch_sentences": 64,

@@ -33,6 +33,8 @@ from transformer.tokenizer import open_tokenizer, train_tokenizer
 from transformer.tokens import BOS_ID, EOS_ID, PAD_ID
 from transformer.trainer import TrainConfig, Trainer
 
+pytestmark = pytest.mark.fast
+
 VOCAB = 24
 CONFIGS = {
     "post-ln-relu": {},
@@ -147,6 +149,7 @@ def probe_sources() -> list[list[int]]:
     return [[rng.randint(4, VOCAB - 1) for _ in range(n)] for n in [*range(1, 15)] * 6]
 
 
+@pytest.mark.training
 @pytest.mark.parametrize("name", TRAINED)
 def test_greedy_matches_ctranslate2(name, trained, tokenizer_file, tmp_path):
     model = trained(name)
@@ -242,6 +245,7 @@ def test_a_sentence_translates_the_same_alone_and_in_any_batch(trained, tokenize
     assert not changed, f"{len(changed)} of {len(sources)} changed with the batch, e.g. {changed[:2]}"
 
 
+@pytest.mark.training
 def test_command_line_export_int8(trained, tokenizer_file, tmp_path):
     model = trained("post-ln-relu")
     save_checkpoint(tmp_path / "model.pt", model_checkpoint(model))

@@ -15,6 +15,8 @@ from . import test_export as exported
 from .test_export import VOCAB
 from .test_server_health import tiny_translator
 
+pytestmark = pytest.mark.fast
+
 tokenizer_file = exported.tokenizer_file
 
 

@@ -39,6 +39,8 @@ from transformer.trainer import TrainConfig, Trainer
 
 from ..conftest import MIRROR, REPO
 
+pytestmark = [pytest.mark.service, pytest.mark.training]
+
 NAME = "serve-test"
 SOURCES = ["A man is riding a bike.", "Two dogs play in the snow.", "A little girl climbs into a playhouse."]
 _spec = importlib.util.spec_from_file_location("serve_load", REPO / "bench" / "serve_load.py")

@@ -35,6 +35,8 @@ from transformer.checkpoint import load_model
 from ..conftest import REPO
 from .test_mlflow_server import NAME, SOURCES, registered_in_temp_store
 
+pytestmark = pytest.mark.fast
+
 # What the evaluate stage registered (beam 2 and alpha 0.6 chosen, max_len_b 12 from the run's params).
 REGISTERED = DecodingConfig(beam_size=2, alpha=0.6, max_len_b=12, stopping="exact")
 # Version 4: tune chose CTranslate2 at int8 (its own alpha and stopping rule).

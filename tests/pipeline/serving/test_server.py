@@ -31,6 +31,8 @@ from pipeline.tracking.store import CHAMPION_ALIAS
 from ..conftest import MIRROR, REPO
 from .test_mlflow_server import NAME, SOURCES, _free_port, _lines, registered_in_temp_store
 
+pytestmark = [pytest.mark.service, pytest.mark.training]
+
 
 @dataclass
 class Server:

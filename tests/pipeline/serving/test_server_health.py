@@ -38,6 +38,8 @@ from .test_export import VOCAB
 from .test_mlflow_server import _free_port
 from .test_server import Server
 
+pytestmark = pytest.mark.fast
+
 tokenizer_file = exported.tokenizer_file   # the export tests' 24-piece SentencePiece model
 DECODING = DecodingConfig(beam_size=1, max_len_b=4)
 DEADLINE_S, STALL_S = 0.5, 1.5

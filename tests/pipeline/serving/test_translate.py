@@ -27,6 +27,8 @@ from transformer.tokenizer import Tokenizer, train_tokenizer
 from ...fakes import params_with
 from ..conftest import REPO
 
+pytestmark = pytest.mark.fast
+
 SOURCES = ["A man is riding a bike.", "", "Two dogs play in the snow."]
 
 

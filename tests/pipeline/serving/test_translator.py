@@ -1,11 +1,15 @@
 """pipeline/serving/translator.py: the Translator decodes with oneDNN-packed weights (transformer/packed.py)
 on a copy of the model, with the same outputs as the plain model."""
 
+import pytest
+
 from pipeline.serving.decoding import DecodingConfig
 from pipeline.serving.translator import Translator
 from transformer.packed import PackedLinear
 
 from ...transformer.conftest import tiny_model
+
+pytestmark = pytest.mark.fast
 
 
 def test_translator_packs_a_copy_of_the_model():

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import stat
 
+import pytest
 from cryptography import x509
 
 from pipeline.stack.certificates import ensure_certificates, names_addresses, tls_files
+
+pytestmark = pytest.mark.fast
 
 
 def authority(directory) -> bytes:

@@ -2,9 +2,12 @@
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from transformer.checkpoint import load_checkpoint
+
+pytestmark = pytest.mark.fast
 
 
 def test_model_is_the_mean_of_the_last_checkpoints(workspace):

@@ -7,10 +7,13 @@ from __future__ import annotations
 from datetime import timedelta
 
 import psutil
+import pytest
 from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
 
 from pipeline.stages import bound_rendezvous
+
+pytestmark = pytest.mark.fast
 
 
 def listening_ports() -> dict[int, str]:

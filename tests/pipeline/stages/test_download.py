@@ -16,6 +16,8 @@ from pipeline.stages.download import format_table
 
 from ..conftest import make_workspace, tiny_params
 
+pytestmark = pytest.mark.fast
+
 REPO = Path(__file__).resolve().parents[3]
 MIRROR = REPO.parent / "shared" / "data" / "multi30k"
 
@@ -33,6 +35,7 @@ def run_stage(cwd: Path, data: dict, mirror: Path | None) -> subprocess.Complete
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.pipeline
 @pytest.mark.skipif(not (MIRROR / "data/task1/raw/train.en.gz").is_file(),
                     reason=f"the Multi30k mirror is not at {MIRROR} (see shared/data/README.md)")
 def test_stage_writes_the_corpus(tmp_path):
@@ -47,6 +50,7 @@ def test_stage_writes_the_corpus(tmp_path):
     assert (tmp_path / "data" / "cache").is_dir()
 
 
+@pytest.mark.pipeline
 def test_bad_param_exits_2_with_one_line(tmp_path):
     result = run_stage(tmp_path, {"dataset": "nope"}, None)
     assert result.returncode == 2
@@ -55,6 +59,7 @@ def test_bad_param_exits_2_with_one_line(tmp_path):
     assert not (tmp_path / "data").exists()
 
 
+@pytest.mark.pipeline
 def test_data_error_exits_2_with_one_line(tmp_path):
     (tmp_path / "empty").mkdir()
     result = run_stage(tmp_path, {"dataset": "multi30k"}, tmp_path / "empty")
@@ -74,6 +79,7 @@ def test_format_table():
     assert test.split()[:3] == ["test_2016_flickr", "5", "5"]
 
 
+@pytest.mark.pipeline
 def test_failed_download_under_dvc_repro_keeps_the_previous_corpus(tmp_path):
     """DVC deletes a stage's outputs before running it unless they persist: data/corpus persists,
     and the stage replaces it atomically, so a download that fails leaves the last good corpus."""

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import matplotlib.image as mpimg
+import pytest
 import sacrebleu
 from mlflow.tracking import MlflowClient
 
@@ -20,6 +21,8 @@ from transformer.atomic import file_sha256
 from transformer.checkpoint import load_checkpoint
 
 from .conftest import SENTENCES
+
+pytestmark = pytest.mark.fast
 
 
 def test_metrics_match_sacrebleu_on_the_written_translations(workspace):

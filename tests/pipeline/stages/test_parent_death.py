@@ -14,7 +14,8 @@ import pytest
 
 from pipeline.stages.parent_death import with_parent_death_signal
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's"),
+              pytest.mark.pipeline]
 
 # The grandchild: says it got SIGTERM in a file, as the train stage saves a checkpoint on SIGTERM.
 GRANDCHILD = """

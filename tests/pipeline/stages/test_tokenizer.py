@@ -8,6 +8,8 @@ import sentencepiece as spm
 from transformer.data import TokenStore
 from transformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
+pytestmark = pytest.mark.fast
+
 
 def test_joint_model_with_fixed_special_ids(workspace):
     sp = spm.SentencePieceProcessor(model_file=str(workspace.path / "data/tokenizer/spm.model"))

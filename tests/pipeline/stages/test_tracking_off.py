@@ -9,7 +9,10 @@ import shutil
 import subprocess
 import sys
 
+import pytest
 import yaml
+
+pytestmark = pytest.mark.fast
 
 STAGES = ("train", "average", "export", "tune", "evaluate")
 BLOCKER = "raise ImportError('mlflow is not installed on this machine (a test blocks it)')\n"

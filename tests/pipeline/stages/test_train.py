@@ -14,6 +14,8 @@ import yaml
 
 from transformer.checkpoint import load_checkpoint
 
+pytestmark = pytest.mark.fast
+
 
 def rows(path):
     with open(path) as f:

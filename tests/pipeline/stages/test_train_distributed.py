@@ -15,6 +15,8 @@ import pytest
 from pipeline.config.params import ParamsError
 from pipeline.stages.train import DEFAULT_DIST_TIMEOUT_S, dist_timeout
 
+pytestmark = pytest.mark.fast
+
 REPO = Path(__file__).resolve().parents[3]
 
 

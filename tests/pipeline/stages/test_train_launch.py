@@ -24,6 +24,8 @@ from transformer.train_config import TrainConfig
 
 from ..conftest import TINY, Workspace, make_workspace, needs_mirror, tiny_params
 
+pytestmark = pytest.mark.fast
+
 REPO = Path(__file__).resolve().parents[3]
 STEPS = 24
 # Dropout 0: the ranks draw other random bits than one process would (tests/transformer/test_trainer_distributed.py).

@@ -24,6 +24,8 @@ from transformer.atomic import file_sha256
 from ..conftest import TINY
 from .conftest import SENTENCES, SMALL
 
+pytestmark = pytest.mark.fast
+
 TUNED = ("beam_size", "alpha", "stopping", "engine", "compute_type")
 POINT = {*TUNED, "bleu", "chrf", "length_ratio"}   # a grid point: settings and scores, never a time
 TUNED_SENTENCES = TINY["tune"]["max_sentences"]   # the session workspace's tune decodes the first 200

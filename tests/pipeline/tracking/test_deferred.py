@@ -4,12 +4,15 @@ command that replays by hand), and no lock taken, nor its file made, when nothin
 
 from __future__ import annotations
 
+import pytest
 from mlflow.entities import Metric
 
 from pipeline.tracking import buffer, deferred, unsent
 from pipeline.tracking.records import average as average_record
 
 from .test_offline_training import nowhere
+
+pytestmark = pytest.mark.fast
 
 
 def test_nothing_waiting_takes_no_lock_and_leaves_no_file(tmp_path, monkeypatch):

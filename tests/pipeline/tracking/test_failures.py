@@ -19,6 +19,8 @@ from pipeline.tracking.preflight import CredentialsRefused, check_credentials
 
 from .test_offline_training import nowhere
 
+pytestmark = pytest.mark.fast
+
 ANSWERS = {   # path -> (status, content type, body)
     "/401": (401, "text/plain", "You are not authenticated. Please see the documentation."),
     "/403": (403, "application/json", json.dumps({"error_code": "PERMISSION_DENIED", "message": "no EDIT"})),

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from pipeline.scoring.reports import LITERATURE_LABEL
 from pipeline.tracking.model_card import model_card
+
+pytestmark = pytest.mark.fast
 
 SIGNATURE = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
 DECODING = {"beam_size": 4, "alpha": 1.75, "stopping": "fairseq", "max_len_b": 50, "precision": "bf16"}

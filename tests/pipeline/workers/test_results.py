@@ -9,6 +9,8 @@ import pytest
 
 from pipeline.workers.results import ResultsError, check_branch, publish
 
+pytestmark = pytest.mark.fast
+
 IDENTITY = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
 
 

@@ -14,6 +14,8 @@ from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, t
 
 from pipeline.workers.workspace import WorkspaceError, pull_steps
 
+pytestmark = pytest.mark.fast
+
 
 def git(cwd: Path, *args: str) -> str:
     env = {"PATH": os.environ["PATH"], "HOME": str(cwd), "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
@@ -45,6 +47,7 @@ def repository(tmp_path: Path) -> tuple[Path, list[str]]:
     return source, commits
 
 
+@pytest.mark.slow
 def test_the_steps_clone_once_then_check_out_each_pinned_commit_keeping_the_outputs(repository, tmp_path, monkeypatch):
     source, (first, second) = repository
     workspace = tmp_path / "workspace"
