@@ -7,9 +7,11 @@ from code): nothing of a version is pickled.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +68,19 @@ def _named(folder: Path, scratch: Path) -> Path:
     return Path(shutil.copytree(folder, scratch / CT2_ARTIFACT))
 
 
+@contextlib.contextmanager
+def _mlflow_warnings_only() -> Iterator[None]:
+    """MLflow's own INFO lines ("Validating input example against model signature") held back while
+    the model is logged: the stage and ``make push`` print our lines; MLflow's warnings still show."""
+    logger = logging.getLogger("mlflow")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def log_translator(run_id: str, model_file: Path, tokenizer_file: Path, registered_name: str,
                    chosen: Mapping[str, Any], *, metrics_file: Path | None = None,
                    corpus_stats_file: Path | None = None, ct2_model: Path | None = None) -> str | None:
@@ -105,7 +120,8 @@ def log_translator(run_id: str, model_file: Path, tokenizer_file: Path, register
     signature = infer_signature(example, ["Ein Mann geht."], params=defaults)
     artifacts = {"model": str(model_file), "tokenizer": str(tokenizer_file)}
     with tempfile.TemporaryDirectory(prefix="model-code-") as code, \
-            tempfile.TemporaryDirectory(prefix="model-export-") as scratch, mlflow.start_run(run_id=run_id):
+            tempfile.TemporaryDirectory(prefix="model-export-") as scratch, _mlflow_warnings_only(), \
+            mlflow.start_run(run_id=run_id):
         if ct2_model is not None and Path(ct2_model).is_dir():
             artifacts[CT2_ARTIFACT] = str(_named(Path(ct2_model), Path(scratch)))
         info = mlflow.pyfunc.log_model(

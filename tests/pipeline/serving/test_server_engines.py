@@ -3,7 +3,8 @@ real HTTP, a tiny model trained here and registered in a temporary SQLite store.
 
 Versions: 1 and 2 as the evaluate stage registered them before the engine was a setting (no
 CTranslate2 export: served with torch), 3 and 4 registered by the evaluate stage's ``log_translator``
-with engine ctranslate2 int8 and the export (``artifacts/ctranslate2/`` in the version).
+with engine ctranslate2 int8 and the export (``artifacts/ctranslate2/`` in the version): 3 from the
+training's run (registered twice: one version), 4 from a run of the same params.
 The CTranslate2 version's answers equal an in-process ``CT2Translator`` of the same export and
 settings, one request of several sentences and concurrent one-sentence requests (batched across
 requests, two replicas); the champion moves torch -> ctranslate2 -> ctranslate2 under load with no
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import mlflow
 import pytest
+from mlflow.entities import Param
 
 from pipeline.serving.ct2_translator import CT2Translator, load_ct2_translator
 from pipeline.serving.decoding import TUNED, DecodingConfig
@@ -67,10 +69,24 @@ class Store:
         self.client.set_registered_model_alias(NAME, CHAMPION_ALIAS, version)
 
 
+def rerun_of(uri: str, run_id: str) -> str:
+    """A new run of ``run_id``'s experiment with its params and tags: the pipeline run once more."""
+    client = mlflow.tracking.MlflowClient(uri, uri)
+    run = client.get_run(run_id)
+    tags = {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")}
+    rerun = client.create_run(run.info.experiment_id, tags=tags, run_name=f"{run.info.run_name}-again").info.run_id
+    client.log_batch(rerun, params=[Param(k, v) for k, v in run.data.params.items()])
+    return rerun
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> Store:
     root, uri, run_id, model_file, tokenizer_file = registered_in_temp_store(tmp_path_factory, "engines")
-    assert [register_ct2(root, uri, run_id, model_file, tokenizer_file, CT2) for _ in range(2)] == ["3", "4"]
+    # The same model from the same run with the same settings is one version; the pipeline run
+    # again (another run, the same params and bytes) registers another: two versions that translate alike.
+    versions = [register_ct2(root, uri, run, model_file, tokenizer_file, CT2)
+                for run in (run_id, run_id, rerun_of(uri, run_id))]
+    assert versions == ["3", "3", "4"], versions
     ours = load_translator(model_file, tokenizer_file, DecodingConfig(beam_size=2, alpha=0.6, max_len_b=12),
                            device="cpu")
     theirs = load_ct2_translator(root / "exported", tokenizer_file, CT2, ours.model.config.max_positions,
