@@ -24,8 +24,10 @@ class LogWindow:
     def reset(self) -> None:
         self.loss = torch.zeros((), device=self.device)
         self.nll = torch.zeros((), device=self.device)
-        self.tokens = 0          # target tokens of this rank in the window's updates
-        self.steps = 0           # applied updates in the window
+        # Target tokens of this rank in the window's applied updates: on the device, which alone
+        # knows which updates were applied until the host reads the ledger (``update_ledger``).
+        self.tokens = torch.zeros((), dtype=torch.int64, device=self.device)
+        self.steps = 0           # applied updates in the window, counted when the host reads the ledger
         # For the speed only (a property of the machine): tokens this process trained since ``started``.
         self.started = time.monotonic()
         self.tokens_here = 0
@@ -34,12 +36,16 @@ class LogWindow:
         """Measure the speed from now (a resumed window's sums came from another process)."""
         self.started, self.tokens_here = time.monotonic(), 0
 
-    def add(self, loss_sum: torch.Tensor, nll_sum: torch.Tensor, tokens: int) -> None:
-        self.loss += loss_sum
-        self.nll += nll_sum
-        self.tokens += tokens
-        self.tokens_here += tokens
-        self.steps += 1
+    def add(self, loss_sum: torch.Tensor, nll_sum: torch.Tensor, tokens: int, applied: torch.Tensor) -> None:
+        """One update's sums, counted only where ``applied`` (a device bool): no read-back."""
+        self.loss += torch.where(applied, loss_sum, 0.0)
+        self.nll += torch.where(applied, nll_sum, 0.0)
+        self.tokens += applied * tokens
+        self.tokens_here += tokens   # the speed counts every update's work, applied or not
+
+    def count_applied(self, updates: int) -> None:
+        """``updates`` more applied updates in the window, as the ledger's read says."""
+        self.steps += updates
 
     def tokens_per_s(self) -> float:
         return self.tokens_here / max(time.monotonic() - self.started, 1e-9)
@@ -50,11 +56,12 @@ class LogWindow:
         if not self.steps:
             return None
         return {"loss": self.loss.detach().cpu(), "nll": self.nll.detach().cpu(),
-                "tokens": self.tokens, "steps": self.steps}
+                "tokens": int(self.tokens), "steps": self.steps}
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         self.reset()
         if state:
             self.loss = state["loss"].to(self.device).clone()
             self.nll = state["nll"].to(self.device).clone()
-            self.tokens, self.steps = int(state["tokens"]), int(state["steps"])
+            self.tokens.fill_(int(state["tokens"]))
+            self.steps = int(state["steps"])

@@ -15,9 +15,10 @@ import contextlib
 import math
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -32,16 +33,18 @@ from .checkpoint_files import (  # noqa: F401  (API: the pipeline lists checkpoi
     list_checkpoints,
     list_resume_points,
 )
-from .data import TokenBatchSampler, TokenStore, collate
+from .data import Batch, TokenBatchSampler, TokenStore, collate
 from .errors import CheckpointError, NonFiniteLossError, OutOfMemoryError  # noqa: F401  (API)
 from .loss import projected_label_smoothed_cross_entropy
 from .model import Transformer
 from .precision import autocast, check_precision, default_device, resolve_precision
+from .prefetch import Prefetcher
 from .resume import describe, differences, newest_checkpoint
 from .schedule import make_optimizer, make_scheduler, rates_agree
 from .stopping import StopVote, agree, stop_signals
 from .train_config import TrainConfig
 from .train_log import LogWindow
+from .update_ledger import UpdateLedger
 
 # TrainConfig fields that may change between a checkpoint and its resumption. ``init_from`` is a
 # path: what counts is the file's content, its sha256 (``Trainer.fingerprint``'s "init"), so a moved
@@ -49,6 +52,15 @@ from .train_log import LogWindow
 RESUMABLE_CHANGES = {"max_steps", "cooldown_steps", "max_epochs", "max_minutes", "log_every", "validate_every",
                      "checkpoint_every_steps", "checkpoint_every_minutes", "keep_checkpoints", "device",
                      "compile", "nan_policy", "init_from"}
+
+
+class DataPosition(NamedTuple):
+    """An update's batches (``group``: index arrays; None at an epoch's end) and the data position
+    after it, which the loop takes on when it trains them (a checkpoint saves it)."""
+
+    group: list | None
+    epoch: int
+    batch_in_epoch: int
 
 
 class TrainerCallback:
@@ -64,17 +76,6 @@ class TrainerCallback:
         return {}
 
 
-def scaler_skipped(scale_before: float, scale_after: float) -> bool:
-    """Whether ``GradScaler.step`` skipped the optimiser step (fp16 loss scaling).
-
-    ``GradScaler.update`` multiplies the scale by ``backoff_factor`` (< 1) exactly when it found
-    inf or NaN gradients, which is also exactly when ``step`` left the parameters alone; it only
-    ever raises the scale otherwise. So a lower scale after ``update`` is the public sign of a
-    skipped step (the flags themselves are private to the scaler).
-    """
-    return scale_after < scale_before
-
-
 def _distributed() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
@@ -86,9 +87,14 @@ class Trainer:
 
     def __init__(self, model: Transformer, config: TrainConfig, train_data: TokenStore, *,
                  valid_data: TokenStore | None = None, checkpoint_dir: str | os.PathLike | None = None,
-                 callbacks: list[TrainerCallback] | None = None, tokenizer_sha256: str = "") -> None:
+                 callbacks: list[TrainerCallback] | None = None, tokenizer_sha256: str = "",
+                 prefetch: int | None = None) -> None:
         """``tokenizer_sha256``: the identity of the tokenizer that made ``train_data`` (its model
-        file's sha256), part of the fingerprint: the same ids from another vocabulary are other data."""
+        file's sha256), part of the fingerprint: the same ids from another vocabulary are other data.
+        ``prefetch``: updates whose batches a background thread collates (and pins) ahead, 0: in
+        the loop; the same batches in the same order either way, so it changes speed, never outputs.
+        None: 2 on CUDA (the copies to the GPU become asynchronous), 0 on a CPU, where the thread
+        cost 3-6% of the step (bench/train_step.py, docs/benchmarks.md)."""
         self.config = config
         self.device = default_device() if config.device == "auto" else torch.device(config.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -110,6 +116,7 @@ class Trainer:
                 self.init_sha256 = init_weights(self.model, config.init_from, map_location=self.device)
             except CheckpointError as err:
                 raise CheckpointError(f"TrainConfig.init_from: {err}") from None
+        self.prefetch = (2 if self.device.type == "cuda" else 0) if prefetch is None else prefetch
         self.pad_id = model.config.pad_id
         self.train_data, self.valid_data = train_data, valid_data
         # Read once (a WMT store is ~1 GB); every checkpoint carries it.
@@ -147,6 +154,8 @@ class Trainer:
         self.last_valid: dict[str, float] = {}
         self.last_valid_step = -1
         self.resumed_from = ""   # the checkpoint resume() loaded, for messages
+        self.skipped_updates = 0  # updates with a non-finite loss skipped by this process (nan_policy skip)
+        self.ledger = UpdateLedger(self.device, 0, self._rate_of_update)
 
     # ----------------------------------------------------------------- state
     def state_dict(self, rng_ranks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -294,22 +303,29 @@ class Trainer:
         minutes = self.config.checkpoint_every_minutes
         return bool(minutes and time.monotonic() - last_checkpoint >= 60 * minutes)
 
-    def _updates(self):
-        """Yield the batches (index arrays) of each update, from the saved data position on."""
+    def _positions(self, epoch: int, batch_in_epoch: int) -> Iterator[DataPosition]:
+        """From the data position (``epoch``, ``batch_in_epoch``) on: each update's batches (index
+        arrays) with the position after it, and ``None`` at each epoch's end with the next epoch's
+        start. A pure function of the position, so a thread may run it ahead (``prefetch``)."""
+        update_freq = self.config.update_freq
         while True:
-            batches = self.sampler.batches(self.epoch)
-            usable = len(batches) - len(batches) % self.config.update_freq
+            batches = self.sampler.batches(epoch)
+            usable = len(batches) - len(batches) % update_freq
             if not usable:   # batch counts vary a little from epoch to epoch: checked again here
-                self.sampler.require_updates(self.config.update_freq, self.epoch)
-            while self.batch_in_epoch < usable:
-                group = batches[self.batch_in_epoch:self.batch_in_epoch + self.config.update_freq]
-                self.batch_in_epoch += self.config.update_freq
-                yield group
-                if self.batch_in_epoch >= usable:
-                    break
-            self.epoch += 1
-            self.batch_in_epoch = 0
-            yield None  # epoch boundary
+                self.sampler.require_updates(update_freq, epoch)
+            while batch_in_epoch < usable:
+                group = batches[batch_in_epoch:batch_in_epoch + update_freq]
+                batch_in_epoch += update_freq
+                yield DataPosition(group, epoch, batch_in_epoch)
+            epoch, batch_in_epoch = epoch + 1, 0
+            yield DataPosition(None, epoch, 0)   # epoch boundary
+
+    def _collate(self, position: DataPosition) -> list[Batch] | None:
+        """An update's batches, built off the training thread; pinned on CUDA (asynchronous copies)."""
+        if position.group is None:
+            return None
+        batches = [collate(self.train_data, idx, self.config.pad_multiple) for idx in position.group]
+        return [b.pin_memory() for b in batches] if self.device.type == "cuda" else batches
 
     def _request_stop(self, signum: int, frame: Any) -> None:
         self.stop_requested = True
@@ -345,43 +361,47 @@ class Trainer:
             cb.on_train_start(self)
         started = last_ckpt_time = time.monotonic()
         self.window.restart_clock()
-        grad_norm = torch.zeros(())
+        self.ledger = UpdateLedger(self.device, self.step, self._rate_of_update)
+        self._read_ledger()
+        handled = self.step   # the last step whose log, validation and checkpoint are done
         self.model.train()
-        with stop_signals(self._request_stop):
-            updates = self._updates()
+        updates = Prefetcher(self._positions(self.epoch, self.batch_in_epoch), self._collate, self.prefetch)
+        with stop_signals(self._request_stop), updates:
             # Agreed once before the first update as well: a budget already spent stops every rank.
             _, self.stop_agreed, _ = agree(0, self._stop_vote(started), self.world_size, self.device)
             while True:
                 stop = self._stop_vote(started) if self.world_size == 1 else self.stop_agreed
                 if stop or self._at_length():
-                    break
-                group = next(updates)
-                if group is None:  # end of an epoch; already validated when resuming at its checkpoint
-                    if c.validate_every == 0 and self.last_valid_step != self.step:
-                        self._validate()
+                    self._read_ledger()   # self.step counted skipped updates too until now
+                    if stop or self._at_length():
+                        break
+                position, batches = next(updates)
+                self.epoch, self.batch_in_epoch = position.epoch, position.batch_in_epoch
+                if batches is None:  # end of an epoch; already validated when resuming at its checkpoint
+                    if c.validate_every == 0 and self.valid_data is not None:
+                        self._read_ledger()
+                        if self.last_valid_step != self.step:
+                            self._validate()
                     continue
-                loss_sum, nll_sum, n_tokens, update_norm, status = self._update(
-                    group, self._stop_vote(started), self._checkpoint_due(last_ckpt_time))
-                if status != "applied":
-                    # Nothing was applied, so neither the step count nor the schedule moves (the
-                    # batches are consumed: the data position is saved with the next checkpoint).
-                    # fp16 overflows are the loss scaler's normal search for its scale, not a
-                    # non-finite loss, so nan_policy "stop" does not apply to them.
-                    if status == "non-finite" and c.nan_policy == "stop":
-                        raise NonFiniteLossError(
-                            f"non-finite loss at step {self.step + 1}; the last good checkpoint is kept")
-                    continue
-                grad_norm = update_norm
+                self._update(batches, self._stop_vote(started), self._checkpoint_due(last_ckpt_time))
+                # The step this update makes if it was applied; the ledger's read corrects it where
+                # updates were skipped (nothing applied: neither the step count nor the schedule moves).
                 self.step += 1
-                self.window.add(loss_sum, nll_sum, n_tokens)
-                if self.step % c.log_every == 0:
-                    self._log(grad_norm)
-                if c.validate_every and self.step % c.validate_every == 0:
-                    self._validate()
                 # Several ranks: as agreed before the update (every rank takes part in a save).
                 due_minutes = (self._checkpoint_due(last_ckpt_time) if self.world_size == 1
                                else self.checkpoint_agreed)
-                if (c.checkpoint_every_steps and self.step % c.checkpoint_every_steps == 0) or due_minutes:
+                if not (due_minutes or self._on_grid(self.step)):
+                    continue
+                self._read_ledger()
+                if self.step > handled:
+                    handled = self.step
+                    if self.step % c.log_every == 0:
+                        self._log()
+                    if c.validate_every and self.step % c.validate_every == 0:
+                        self._validate()
+                    due_minutes = due_minutes or bool(c.checkpoint_every_steps
+                                                      and self.step % c.checkpoint_every_steps == 0)
+                if due_minutes:
                     self.elapsed_seconds += time.monotonic() - started
                     started = time.monotonic()
                     self.save()
@@ -392,7 +412,7 @@ class Trainer:
             self.stopped_by = StopVote() if at_length else stop
             if at_length:
                 if self.window.steps:
-                    self._log(grad_norm)
+                    self._log()
                 if self.last_valid_step != self.step:
                     self._validate()
                 self.save(unless_saved=True)
@@ -403,21 +423,56 @@ class Trainer:
             cb.on_train_end(self)
         return {**self.last_valid, "train/skipped_pairs": float(self.sampler.skipped)}
 
-    def _update(self, group: list, vote: StopVote,
-                checkpoint_due: bool = False) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, str]:
-        """One optimiser step over ``update_freq`` batches, loss normalised by target tokens.
+    def _rate_of_update(self, n: int) -> float:
+        """Eq. 3's rate of update ``n`` (from 1), as the scheduler gives it (one rate for all groups)."""
+        return self.scheduler.base_lrs[0] * self.scheduler.lr_lambdas[0](n - 1)
+
+    def _on_grid(self, step: int) -> bool:
+        """Whether ``step`` logs, validates, checkpoints or ends the training (the ledger is read there)."""
+        c = self.config
+        return any(every and step % every == 0 for every in (c.log_every, c.validate_every, c.checkpoint_every_steps)) \
+            or step == c.max_steps
+
+    def _next_grid_step(self, step: int) -> int:
+        c = self.config
+        candidates = [(step // every + 1) * every
+                      for every in (c.log_every, c.validate_every, c.checkpoint_every_steps) if every]
+        if c.max_steps > step:
+            candidates.append(c.max_steps)
+        return min(candidates)
+
+    def _read_ledger(self) -> None:
+        """Read the device's ledger (one copy): the exact step, the schedule brought to it, the
+        window's applied updates counted, the non-finite updates reported (``nan_policy``)."""
+        reading = self.ledger.read()
+        if reading.non_finite:
+            if self.config.nan_policy == "stop":
+                raise NonFiniteLossError(f"non-finite loss at step {reading.first_non_finite_step}; "
+                                         "the last good checkpoint is kept")
+            self.skipped_updates += reading.non_finite
+            if self.rank == 0:
+                print(f"{reading.non_finite} update(s) with a non-finite loss skipped since step "
+                      f"{reading.first_non_finite_step - 1} (nan_policy skip)", flush=True)
+        self.window.count_applied(reading.applied - self.ledger.base)
+        self.step = reading.applied
+        while self.scheduler.last_epoch < self.step:
+            self.scheduler.step()
+        self.ledger.plan(self.step, self._next_grid_step(self.step) - self.step)
+
+    def _update(self, batches: list[Batch], vote: StopVote, checkpoint_due: bool = False) -> None:
+        """One optimiser step over an update's ``update_freq`` batches, loss normalised by target tokens.
 
         ``vote`` (this rank's wish to stop) and ``checkpoint_due`` (its clock's) are summed over
         ranks with the token count, in the one all-reduce the update needs anyway; the results are
         ``stop_agreed`` and ``checkpoint_agreed``, the same on every rank.
-        Returns (loss sum, NLL sum, target tokens, gradient norm, status): status is "applied",
-        "non-finite" (a NaN or infinite loss, or gradient without a loss scaler: not applied) or
-        "overflow" (fp16: the loss scaler found inf/NaN gradients, skipped the step and lowered
-        its scale). The learning-rate schedule advances only on an applied step, so update n
-        always runs at the rate of step n (eq. 3), however many overflows came before it.
+        An update is skipped on the device (``update_ledger``) when its loss is NaN or infinite
+        (non-finite), or its gradient is: without a loss scaler that is non-finite too, with one
+        (fp16) it is an overflow, the scaler's normal search for its scale, after which it lowers
+        the scale. The learning-rate schedule advances only with applied updates, so update n
+        always runs at the rate of step n (eq. 3), however many were skipped before it.
+        With one process nothing is read back from the device here.
         """
         c = self.config
-        batches = [collate(self.train_data, idx, c.pad_multiple) for idx in group]
         n_tokens = sum(b.n_target_tokens for b in batches)
         total_tokens, self.stop_agreed, self.checkpoint_agreed = agree(
             n_tokens, vote, self.world_size, self.device, checkpoint_due)
@@ -448,33 +503,53 @@ class Trainer:
         self.scaler.unscale_(self.optimizer)
         max_norm = c.clip_norm if c.clip_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        # With a scaler, inf/NaN gradients are its business (it skips the step); without one they
-        # would corrupt Adam's moments, so they count as non-finite.
-        finite = bool(torch.isfinite(loss_sum)) and (self.scaler.is_enabled() or bool(torch.isfinite(grad_norm)))
-        status = "non-finite"
-        if finite:
-            scale = self.scaler.get_scale()
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            if self.scaler.is_enabled() and scaler_skipped(scale, self.scaler.get_scale()):
-                status = "overflow"
-            else:
-                self.scheduler.step()
-                status = "applied"
+        loss_bad = ~torch.isfinite(loss_sum)
+        grad_bad = ~torch.isfinite(grad_norm)
+        skipped = loss_bad | grad_bad
+        # With a scaler, inf/NaN gradients are its business (an overflow); without one they would
+        # corrupt Adam's moments, so they count as non-finite.
+        non_finite = loss_bad if self.scaler.is_enabled() else skipped
+        self._step_optimizer(skipped)
+        self.scaler.update()   # lowers the scale where it found inf/NaN gradients (fp16 only)
+        applied = self.ledger.record(skipped, non_finite, grad_norm)
+        self.window.add(loss_sum, nll_sum, n_tokens, applied)
         self.optimizer.zero_grad(set_to_none=True)
-        return loss_sum, nll_sum, n_tokens, grad_norm, status
 
-    def _log(self, grad_norm: torch.Tensor) -> None:
-        """One point of the training curve from the window, which then starts over."""
+    def _step_optimizer(self, skipped: torch.Tensor) -> None:
+        """Adam's step at the ledger's rate, left undone on the device where ``skipped``.
+
+        The fused kernel takes the skip as ``found_inf`` (as from ``GradScaler.step``): parameters
+        and moments stay, and its step count is taken back. The rate goes in as a device tensor for
+        the step only: the param groups keep the scheduler's floats, so checkpoints are as before.
+        """
+        if not getattr(self.optimizer, "_step_supports_amp_scaling", False):   # not fused: read it back
+            if not bool(skipped):
+                self.optimizer.step()
+            return
+        groups = self.optimizer.param_groups
+        host_rates = [group["lr"] for group in groups]
+        rate = self.ledger.next_rate()
+        for group in groups:
+            group["lr"] = rate
+        self.optimizer.grad_scale, self.optimizer.found_inf = None, skipped.to(torch.float32)
+        try:
+            self.optimizer.step()
+        finally:
+            del self.optimizer.grad_scale, self.optimizer.found_inf
+            for group, host_rate in zip(groups, host_rates):
+                group["lr"] = host_rate
+
+    def _log(self) -> None:
+        """One point of the training curve from the window, which then starts over (after a ledger read)."""
         w = self.window
-        tokens = max(w.tokens, 1)
+        tokens = max(int(w.tokens), 1)
         nll = float(w.nll) / tokens
         metrics = {
             "train/loss": float(w.loss) / tokens,
             "train/nll": nll,
             "train/ppl": math.exp(min(nll, 50.0)),
             "train/lr": self.scheduler.get_last_lr()[0],
-            "train/grad_norm": float(grad_norm),
+            "train/grad_norm": float(self.ledger.grad_norm),
             "train/target_tokens_per_s": w.tokens_per_s() * self.world_size,
             "train/epoch": float(self.epoch),
         }

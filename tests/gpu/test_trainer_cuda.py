@@ -145,3 +145,24 @@ def test_resume_on_cuda(store, tmp_path):
     assert trainer.step == 2
     trainer.train()
     assert trainer.step == 4
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_an_update_never_synchronizes_with_the_host(store, precision, monkeypatch):
+    """One process on CUDA: inside an update nothing waits for the GPU (CUDA's sync debug mode
+    raises on any synchronizing call: a read-back, a nonzero, a copy to the host); the host reads the
+    device's ledger at log points only."""
+    update = Trainer._update
+
+    def strict(self, *args, **kwargs):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return update(self, *args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    monkeypatch.setattr(Trainer, "_update", strict)
+    trainer = Trainer(tiny_model(vocab_size=30), config(device="cuda", precision=precision, max_steps=6, log_every=3),
+                      store)
+    trainer.train()
+    assert trainer.step == 6

@@ -158,3 +158,27 @@ def test_collate_places_bos_eos_and_pads(tmp_path):
     assert padded.n_target_tokens == 8
     moved = padded.to("cpu")
     assert torch.equal(moved.tgt_out, padded.tgt_out)
+    assert moved.n_target_tokens == 8 and Batch(moved.src, moved.tgt_in, moved.tgt_out).n_target_tokens == 8
+
+
+@pytest.mark.parametrize("pad_multiple", [1, 3, 8])
+def test_collate_builds_every_row_as_the_sentence_by_sentence_definition(tmp_path, pad_multiple):
+    """The batch, built in a few array operations, row for row as the definition reads: source + EOS,
+    BOS + target, target + EOS, each padded to its longest row rounded up (empty sentences included)."""
+    pairs = random_pairs(300, vocab=500, max_len=40, seed=4) + [([], [5]), ([7, 8], []), ([], [])]
+    store = write_token_store(tmp_path / "s", pairs, vocab_size=500)   # uint16 ids on disk
+
+    def padded(rows):
+        width = -(-max(len(r) for r in rows) // pad_multiple) * pad_multiple
+        return [r + [PAD_ID] * (width - len(r)) for r in rows]
+
+    sampler = TokenBatchSampler(store.lengths["src"], store.lengths["tgt"], 300, seed=2, pad_multiple=pad_multiple)
+    batches = sampler.batches(0) + [np.array([300, 301, 302]), np.array([302])]
+    for idx in batches:
+        batch = collate(store, idx, pad_multiple)
+        rows = [pairs[i] for i in idx]
+        assert batch.src.tolist() == padded([src + [EOS_ID] for src, _ in rows])
+        assert batch.tgt_in.tolist() == padded([[BOS_ID] + tgt for _, tgt in rows])
+        assert batch.tgt_out.tolist() == padded([tgt + [EOS_ID] for _, tgt in rows])
+        assert batch.n_target_tokens == sum(len(tgt) + 1 for _, tgt in rows)
+        assert batch.src.dtype == batch.tgt_in.dtype == batch.tgt_out.dtype == torch.long

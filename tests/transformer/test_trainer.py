@@ -1,5 +1,7 @@
 """transformer/trainer.py: learning, exact resume in a fresh process, checkpoints, limits."""
 
+import collections
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -7,12 +9,14 @@ import math
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+import transformer.trainer as trainer_module
 from transformer.checkpoint import CheckpointError, load_checkpoint, model_checkpoint, save_checkpoint
 from transformer.data import TokenBatchSampler, collate, write_token_store
 from transformer.loss import label_smoothed_cross_entropy
@@ -26,7 +30,6 @@ from transformer.trainer import (
     Trainer,
     TrainerCallback,
     list_checkpoints,
-    scaler_skipped,
 )
 
 from .conftest import pad_batch, tiny_model
@@ -340,6 +343,60 @@ def test_resume_at_an_epoch_end_does_not_validate_that_step_again(store, tmp_pat
     assert [s for s, _ in recorder.validations] == [longer.step] and longer.step > first.step
 
 
+READ_BACKS = ("item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__")
+
+
+@contextlib.contextmanager
+def counting_read_backs(where):
+    """Count the calls of the tensor methods that copy a value to the host, by ``where()`` at the call."""
+    calls = collections.Counter()
+    originals = {name: getattr(torch.Tensor, name) for name in READ_BACKS}
+
+    def counted(name, original):
+        def method(self, *args, **kwargs):
+            calls[where()] += 1
+            return original(self, *args, **kwargs)
+        return method
+
+    for name, original in originals.items():
+        setattr(torch.Tensor, name, counted(name, original))
+    try:
+        yield calls
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_an_update_reads_nothing_back_from_the_device(store, precision, monkeypatch):
+    """One process: an update reads nothing back (the skip decision, the rate, the logged sums stay
+    on the device); the host reads at log points, so the reads do not grow with the updates between."""
+    in_update = []
+    update = Trainer._update
+
+    def watched(self, *args, **kwargs):
+        in_update.append(True)
+        try:
+            return update(self, *args, **kwargs)
+        finally:
+            in_update.pop()
+
+    monkeypatch.setattr(Trainer, "_update", watched)
+
+    def reads(max_steps, log_every):
+        trainer = Trainer(tiny_model(vocab_size=30), config(precision=precision, max_steps=max_steps,
+                                                            log_every=log_every), store, callbacks=[Recorder()])
+        with counting_read_backs(lambda: "update" if in_update else "host") as calls:
+            trainer.train()
+        return trainer, calls
+
+    short, short_calls = reads(max_steps=12, log_every=4)
+    long, long_calls = reads(max_steps=24, log_every=8)
+    assert short.step == 12 and long.step == 24
+    assert short_calls["update"] == long_calls["update"] == 0
+    assert short_calls["host"] == long_calls["host"] > 0   # 3 log points each
+
+
 def test_non_finite_loss(store):
     model = tiny_model(vocab_size=30)
     with torch.no_grad():
@@ -349,15 +406,50 @@ def test_non_finite_loss(store):
     trainer = Trainer(model, config(max_steps=0, max_epochs=1, nan_policy="skip"), store)
     trainer.train()
     assert trainer.step == 0 and trainer.epoch == 1  # every update skipped, none applied
+    assert trainer.skipped_updates == len(trainer.sampler.batches(0)) and trainer.scheduler.last_epoch == 0
+    assert all(int(state["step"]) == 0 for state in trainer.optimizer.state.values())
+
+
+def test_non_finite_updates_between_log_points(store, capsys):
+    """A non-finite update among good ones: skipped on the device (the step, the rate and Adam's
+    count do not move) and counted; with nan_policy "stop" the run stops at the next log point and
+    names the update's step."""
+    def poisoned(policy):
+        trainer = Trainer(tiny_model(vocab_size=30), config(max_steps=6, log_every=3, nan_policy=policy), store,
+                          callbacks=[Recorder()])
+        update = trainer._update
+        calls = []
+
+        def update_poisoning_the_second(group, *args, **kwargs):
+            calls.append(group)
+            if len(calls) == 2:
+                with torch.no_grad():
+                    saved = trainer.model.encoder_layers[0].ffn.linear1.weight[0, 0].clone()
+                    trainer.model.encoder_layers[0].ffn.linear1.weight[0, 0] = float("nan")
+                update(group, *args, **kwargs)
+                with torch.no_grad():
+                    trainer.model.encoder_layers[0].ffn.linear1.weight[0, 0] = saved
+                return
+            update(group, *args, **kwargs)
+
+        trainer._update = update_poisoning_the_second
+        return trainer, calls
+
+    trainer, calls = poisoned("skip")
+    trainer.train()
+    assert trainer.step == 6 and len(calls) == 7 and trainer.skipped_updates == 1
+    assert trainer.scheduler.last_epoch == 6
+    assert {int(state["step"]) for state in trainer.optimizer.state.values()} == {6}
+    assert [s for s, _ in trainer.callbacks[0].logs] == [3, 6]
+    assert [m["train/lr"] for _, m in trainer.callbacks[0].logs] == [inverse_sqrt_lr(n, 32, 4) for n in (4, 7)]
+    assert "1 update(s) with a non-finite loss skipped since step 1" in capsys.readouterr().out
+    trainer, calls = poisoned("stop")
+    with pytest.raises(NonFiniteLossError, match="non-finite loss at step 2;"):
+        trainer.train()
+    assert len(calls) == 3 and trainer.callbacks[0].logs == []   # stopped at the first log point
 
 
 # ------------------------------------------------------- fp16 loss scaling
-def test_scaler_skipped_means_a_lower_scale_after_update():
-    assert scaler_skipped(65536.0, 32768.0)
-    assert not scaler_skipped(65536.0, 65536.0)           # a good step
-    assert not scaler_skipped(65536.0, 131072.0)          # a good step that grew the scale
-
-
 def with_fp16_scaler(trainer, init_scale):
     """fp16 autocast and a real loss scaler on CPU (torch.amp.GradScaler("cpu")). The Trainer refuses
     fp16 on CPU (slow, and no GPU-free user wants it) and builds its scaler for CUDA, so the test sets
@@ -492,3 +584,27 @@ def test_out_of_memory_names_the_batch_and_the_knob(store, monkeypatch):
                                                r"\(TrainConfig.max_tokens=\d+\): lower TrainConfig.max_tokens"):
         trainer.train()
     assert trainer.step == 0
+
+
+def test_prefetched_batches_train_as_batches_collated_in_the_loop(store, tmp_path, monkeypatch):
+    """The batches are collated on the prefetch thread, and the training's checkpoints are byte for
+    byte those of a loop that collates in line (prefetch=0): the same batches in the same order."""
+    threads = set()
+    real_collate = trainer_module.collate
+
+    def collate(*args, **kwargs):
+        threads.add(threading.current_thread().name)
+        return real_collate(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "collate", collate)
+    digests = {}
+    for prefetch in (0, 2):
+        threads.clear()
+        torch.manual_seed(0)
+        trainer = Trainer(tiny_model(vocab_size=30), config(max_steps=0, max_epochs=3, checkpoint_every_steps=4),
+                          store, checkpoint_dir=tmp_path / str(prefetch), prefetch=prefetch)
+        trainer.train()
+        digests[prefetch] = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+                             for p in (tmp_path / str(prefetch)).iterdir()}
+        assert threads == ({"MainThread"} if prefetch == 0 else {"batch-prefetch"})
+    assert len(digests[0]) >= 2 and digests[0] == digests[2]
