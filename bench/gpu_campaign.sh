@@ -10,6 +10,9 @@
 #                                                  #      loan): the light Multi30k steps at the same time
 #   bench/gpu_campaign.sh profile --out DIR        # GPU: where a base step's time goes (bench/gpu/profile_step.py),
 #                                                  #      the caching allocator's expandable segments, big too
+#   bench/gpu_campaign.sh decide --out DIR         # GPU (#57): tests/gpu, the profile of a base step, the trainer's
+#                                                  #      step against dc0e5c2's and each lever alone, the reference,
+#                                                  #      compiled, big; about 9 minutes (rehearse-decide: here)
 #   bench/gpu_campaign.sh rehearse --out DIR       # here: parts 1 and 2 on the CPU at tiny sizes
 #   bench/gpu_campaign.sh rehearse-all --out DIR   # here: all on the CPU at tiny sizes (rehearse-profile: profile)
 #
@@ -44,12 +47,14 @@ case $part in
   all) REHEARSE=0; PARTS=all ;;
   profile) REHEARSE=0; PARTS=profile ;;
   rehearse-profile) REHEARSE=1; PARTS=profile ;;
+  decide) REHEARSE=0; PARTS=decide ;;
+  rehearse-decide) REHEARSE=1; PARTS=decide ;;
   rehearse) REHEARSE=1; PARTS="1 2" ;;
   rehearse-all) REHEARSE=1; PARTS=all ;;
-  *) echo "error: usage: bench/gpu_campaign.sh prepare|1|2|all|profile|rehearse|rehearse-all|rehearse-profile [--out DIR]" >&2; exit 2 ;;
+  *) echo "error: usage: bench/gpu_campaign.sh prepare|1|2|all|profile|rehearse|rehearse-all|rehearse-profile|decide|rehearse-decide [--out DIR]" >&2; exit 2 ;;
 esac
 [ -n "$OUT" ] || { echo "error: --out DIR is required" >&2; exit 2; }
-[ -d "$CARRY/multi30k" ] && [ -d "$CARRY/wmt14" ] || {
+[ -d "$CARRY/multi30k" ] && [ -d "$CARRY/wmt14" ] && [ -d "$CARRY/baseline" ] || {
   echo "error: $CARRY is missing or incomplete: run bench/gpu_campaign.sh prepare here first, and carry .gpu" >&2; exit 2; }
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -110,18 +115,25 @@ if [ "$REHEARSE" = 1 ]; then
   THROUGHPUT=("${SMALL_SHAPE[@]}"); BIG=("${SMALL_SHAPE[@]}")
   RECIPES=(--rehearse); DECODE=(--max-sentences 40 --batch-sentences 20 --rounds 1)
   PROFILE=(--device cpu --d-model 64 --heads 2 --d-ff 128 --layers 1 --max-tokens 1500 --steps 3)
+  STEPS=(--rounds 1 --windows 1 --log-every 2 --max-tokens 1500)
   CAP_TESTS=300; CAP_EAGER=120; CAP_COMPILED=300; CAP_BIG=120; CAP_DEFAULT=300; CAP_DECODE=120; CAP_RECIPES=300
+  CAP_PROFILE=120; CAP_LEVERS=400
   BUDGET=0; DEADLINE=900
   [ "$PARTS" = all ] && CAP_RECIPES=180   # three candidates at once on two cores
 else
   DEVICE=cuda
   THROUGHPUT=(--rounds 3 --steps 20 --warmup 5); BIG=(--rounds 2 --steps 10 --warmup 3)
   RECIPES=(); DECODE=(); PROFILE=(--device cuda --steps 8)
+  STEPS=(--rounds 1 --windows 3 --log-every 10)
   CAP_TESTS=170; CAP_EAGER=130; CAP_COMPILED=190; CAP_BIG=80; CAP_DEFAULT=170; CAP_DECODE=50; CAP_RECIPES=360
+  CAP_PROFILE=80; CAP_LEVERS=170
   BUDGET=$((CAP_RECIPES - 15))
   if [ "$PARTS" = all ]; then   # about 9 minutes in all, the Multi30k steps and the tests side by side
     CAP_EAGER=75; CAP_BIG=60; CAP_TESTS=150; CAP_DEFAULT=230; CAP_RECIPES=240; CAP_DECODE=45; CAP_COMPILED=190
     BUDGET=$((CAP_RECIPES - 15)); DEADLINE=565   # seconds from the start: compile gets what is left of them
+  fi
+  if [ "$PARTS" = decide ]; then   # about 9 minutes in all (#57)
+    CAP_TESTS=100; CAP_EAGER=60; CAP_COMPILED=80; CAP_BIG=50
   fi
 fi
 
@@ -156,6 +168,18 @@ for PART in $PARTS; do
     step profile_base_expandable 120 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "${PROFILING[@]}"
     step profile_big 120 "${PROFILING[@]}" --preset big
     step throughput_base_eager 150 "${EAGER[@]}"
+  elif [ "$PART" = decide ]; then
+    # #57, in its order of priority: the trainer's own step (bench/train_step.py) on the WMT-shaped store, ours
+    # against dc0e5c2's (carried as .gpu/baseline) and each lever alone in the same run; the same-precision
+    # reference (train_throughput's ratio=); compiled; big with the default levers.
+    STEPBENCH=("$PY" bench/train_step.py --device "$DEVICE" --precision bf16 --token-store "$WMT" "${STEPS[@]}")
+    step gpu_tests "$CAP_TESTS" "${TESTS[@]}"
+    step profile_base "$CAP_PROFILE" "$PY" -m bench.gpu.profile_step --token-store "$WMT" "${PROFILE[@]}"
+    step levers_base "$CAP_LEVERS" "${STEPBENCH[@]}" --preset base --against "$CARRY/baseline" \
+      --levers prefetch0,expandable,pad64
+    step throughput_base_eager "$CAP_EAGER" "${EAGER[@]}"
+    step compiled_base "$CAP_COMPILED" "${STEPBENCH[@]}" --preset base --levers compiled
+    step big_step "$CAP_BIG" "${STEPBENCH[@]}" --preset big
   elif [ "$PART" = 2 ]; then
     step multi30k_default "$CAP_DEFAULT" "${DEFAULT[@]}"
     step decode "$CAP_DECODE" "${DECODING[@]}"

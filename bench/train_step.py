@@ -20,7 +20,8 @@ in a rotating order. The median over rounds and windows is printed per variant, 
 with the machine named. Speeds are never asserted (tests/bench runs it at a tiny size).
 
     python bench/train_step.py [--against DIR] [--levers all|a,b] [--rounds 3] [--windows 4] [--log-every 10]
-                               [--token-store DIR] [--preset default|small] [--threads N] [--precision auto]
+                               [--token-store DIR] [--preset default|small|base|big] [--threads N]
+                               [--precision auto] [--device auto|cpu|cuda]
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LEVERS = ("prefetch0", "prefetch2", "processes2")
+LEVERS = ("prefetch0", "prefetch2", "processes2", "expandable", "compiled", "pad64")
 
 
 def cpu_name() -> str:
@@ -51,15 +52,17 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def synthetic_store(path: Path, vocab: int, n_pairs: int = 6000, seed: int = 0) -> Path:
-    """Pairs with Multi30k's length profile (source 14 +- 5 pieces, target 1.1 +- 0.15 times it)."""
+def synthetic_store(path: Path, vocab: int, n_pairs: int = 6000, seed: int = 0, mean_len: float = 14.0) -> Path:
+    """Pairs with a translation length profile: source ``mean_len`` +- 0.36 of it pieces (Multi30k: 14
+    +- 5; WMT14: about 27), target 1.1 +- 0.15 times the source."""
     import numpy as np
 
     from transformer.data import write_token_store
 
     rng = np.random.default_rng(seed)
-    src_len = np.clip(rng.normal(14, 5, n_pairs).astype(int), 3, 60)
-    tgt_len = np.clip((src_len * rng.normal(1.1, 0.15, n_pairs)).astype(int), 3, 70)
+    scale = mean_len / 14.0
+    src_len = np.clip(rng.normal(mean_len, 5 * scale, n_pairs).astype(int), 3, int(60 * scale))
+    tgt_len = np.clip((src_len * rng.normal(1.1, 0.15, n_pairs)).astype(int), 3, int(70 * scale))
     pairs = [(rng.integers(4, vocab, s).tolist(), rng.integers(4, vocab, t).tolist()) for s, t in zip(src_len, tgt_len)]
     write_token_store(path, pairs, vocab_size=vocab)
     return path
@@ -100,7 +103,8 @@ def _train(rank: int, args: argparse.Namespace, init_method: str) -> None:
     model = Transformer(ModelConfig.from_dict(json.loads(args.model_config)))
     config = TrainConfig(max_tokens=args.max_tokens // args.processes, warmup_steps=300, lr_scale=0.6,
                          max_steps=args.log_every * (args.windows + 1), log_every=args.log_every,
-                         checkpoint_every_steps=0, precision=args.precision, device=args.device, seed=1)
+                         checkpoint_every_steps=0, precision=args.precision, device=args.device, seed=1,
+                         compile=args.compile, pad_multiple=args.pad_multiple)
     # -1: the trainer's default (a revision without the argument has none: it collates in the loop)
     extra = {"prefetch": args.prefetch} if args.prefetch >= 0 else {}
     trainer = Trainer(model, config, TokenStore(args.token_store), callbacks=[Speed()], **extra)
@@ -121,7 +125,10 @@ def run_variant(name: str, root: Path, args: argparse.Namespace, model_config: s
                "--processes", "2" if name == "processes2" else "1"]
     if name.startswith("prefetch"):
         command += ["--prefetch", name[len("prefetch"):]]
+    command += ["--compile"] if name == "compiled" else ["--pad-multiple", "64"] if name == "pad64" else []
     env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1" if name == "processes2" else str(args.threads)}
+    if name == "expandable":
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=root)
     lines = [line for line in result.stdout.splitlines() if line.startswith("RATES ")]
     if result.returncode or not lines:
@@ -136,6 +143,8 @@ def main() -> None:
     parser.add_argument("--model-config", help=argparse.SUPPRESS)
     parser.add_argument("--processes", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--prefetch", type=int, default=-1, help=argparse.SUPPRESS)
+    parser.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--pad-multiple", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--against", type=Path, help="another checkout whose trainer to time (a git worktree)")
     parser.add_argument("--levers", default="",
                         help=f"also ours with each lever set: all, or some of {','.join(LEVERS)}")
@@ -143,7 +152,7 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=4, help="log windows timed per round, after one of warm-up")
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--token-store", type=Path, help="a token store (data/tokens/train); default: synthetic")
-    parser.add_argument("--preset", choices=("default", "small"), default="default")
+    parser.add_argument("--preset", choices=("default", "small", "base", "big"), default="default")
     parser.add_argument("--max-tokens", type=int, default=0, help="padded tokens per update (default: the preset's)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--precision", default="auto")
@@ -164,7 +173,7 @@ def main() -> None:
     shape = params_shape() if args.preset == "default" else SHAPES[args.preset]
     args.max_tokens = args.max_tokens or shape.max_tokens
     with tempfile.TemporaryDirectory() as tmp:
-        store = args.token_store or synthetic_store(Path(tmp) / "store", shape.vocab)
+        store = args.token_store or synthetic_store(Path(tmp) / "store", shape.vocab, mean_len=shape.mean_len)
         from transformer.data import TokenStore
         vocab = TokenStore(store).vocab_size
         if args.preset == "default":   # params.yaml's model as make run builds it, on the store's vocabulary
@@ -172,8 +181,7 @@ def main() -> None:
             params = load_params(ROOT / "params.yaml")
             config = params.model.config(vocab)
         else:
-            config = build_config("base", vocab, d_model=shape.d_model, n_heads=shape.heads, d_ff=shape.d_ff,
-                                  n_encoder_layers=shape.layers, n_decoder_layers=shape.layers, dropout=shape.dropout)
+            config = build_config(args.preset, vocab)   # the package's own preset (Table 3's base and big)
         model_config = json.dumps(config.to_dict())
         variants: dict[str, Path] = {"ours": ROOT}
         if args.against:

@@ -221,7 +221,8 @@ def batch_loss(model: nn.Module, batch: Batch, precision: str, device: torch.dev
     with autocast(precision, device):
         if fused_loss and isinstance(core, Transformer):
             hidden = model(batch.src, batch.tgt_in, project=False)
-            return projected_label_smoothed_cross_entropy(hidden, core.output.weight, batch.tgt_out, PAD_ID, 0.1)
+            return projected_label_smoothed_cross_entropy(hidden, core.output.weight, batch.tgt_out, PAD_ID, 0.1,
+                                                          n_tokens=batch.n_target_tokens)
         logits = model(batch.src, batch.tgt_in)
     return label_smoothed_cross_entropy(logits, batch.tgt_out, PAD_ID, 0.1)
 

@@ -62,8 +62,16 @@ def _compute_dtype(weight: Tensor) -> torch.dtype:
     return weight.dtype
 
 
+def unpadded_rows(flat_target: Tensor, pad_id: int, n_tokens: int) -> Tensor:
+    """The positions of ``flat_target`` that are not ``pad_id``, in order, given their count: what
+    ``nonzero`` gives, without its wait for a GPU to tell the count (the batch was built on the
+    host, which knows it). A stable sort puts them first."""
+    return torch.argsort(flat_target.eq(pad_id).to(torch.int8), stable=True)[:n_tokens]
+
+
 def _chunked_loss(hidden: Tensor, weight: Tensor, target: Tensor, pad_id: int, epsilon: float,
-                  dtype: torch.dtype, with_grads: bool) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
+                  dtype: torch.dtype, with_grads: bool,
+                  n_tokens: int | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
     """(loss, nll, n_tokens, d loss / d hidden, d loss / d weight) of the rows ``target`` does not pad.
 
     The logits of ``chunk`` rows at a time, each made in ``dtype`` and read in float32 as the
@@ -73,7 +81,10 @@ def _chunked_loss(hidden: Tensor, weight: Tensor, target: Tensor, pad_id: int, e
     """
     flat_hidden = hidden.reshape(-1, hidden.size(-1))
     flat_target = target.reshape(-1)
-    rows = flat_target.ne(pad_id).nonzero().squeeze(1)
+    if n_tokens is None or target.device.type == "cpu":
+        rows = flat_target.ne(pad_id).nonzero().squeeze(1)
+    else:
+        rows = unpadded_rows(flat_target, pad_id, n_tokens)
     states = flat_hidden.index_select(0, rows).to(dtype)
     targets = flat_target.index_select(0, rows)
     w = weight.to(dtype)
@@ -105,7 +116,8 @@ def _chunked_loss(hidden: Tensor, weight: Tensor, target: Tensor, pad_id: int, e
         grad_hidden = torch.zeros(flat_hidden.shape, dtype=torch.float32, device=hidden.device)
         grad_hidden.index_copy_(0, rows, grad_states.float())
         grad_hidden = grad_hidden.view(hidden.shape).to(hidden.dtype)
-    return loss, nll, rows.new_tensor(rows.numel()), grad_hidden, grad_weight
+    count = torch.full((), rows.numel(), dtype=rows.dtype, device=rows.device)   # a fill, not a copy from the host
+    return loss, nll, count, grad_hidden, grad_weight
 
 
 class _ProjectedLoss(torch.autograd.Function):
@@ -114,9 +126,9 @@ class _ProjectedLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, pad_id: int, epsilon: float,
-                dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+                dtype: torch.dtype, known_tokens: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
         loss, nll, n_tokens, grad_hidden, grad_weight = _chunked_loss(
-            hidden, weight, target, pad_id, epsilon, dtype, with_grads=True)
+            hidden, weight, target, pad_id, epsilon, dtype, with_grads=True, n_tokens=known_tokens)
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.weight_dtype = weight.dtype
         ctx.mark_non_differentiable(nll, n_tokens)
@@ -126,11 +138,11 @@ class _ProjectedLoss(torch.autograd.Function):
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor, _grad_n: Tensor):
         grad_hidden, grad_weight = ctx.saved_tensors
         return (grad_hidden * grad_loss.to(grad_hidden.dtype), (grad_weight * grad_loss).to(ctx.weight_dtype),
-                None, None, None, None)
+                None, None, None, None, None)
 
 
 def projected_label_smoothed_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, pad_id: int,
-                                           epsilon: float = 0.1) -> LossOutput:
+                                           epsilon: float = 0.1, n_tokens: int | None = None) -> LossOutput:
     """The pre-softmax projection (§3.4) and the label-smoothed cross-entropy (§5.4) of
     ``label_smoothed_cross_entropy``, fused: the same sums without the (tokens x V) logits.
 
@@ -147,7 +159,9 @@ def projected_label_smoothed_cross_entropy(hidden: Tensor, weight: Tensor, targe
 
     Args:
         hidden: (B, T, D) decoder output states (``Transformer.forward(..., project=False)``);
-        weight: (V, D) the output projection's weight; target: (B, T) ids, ``pad_id`` positions ignored.
+        weight: (V, D) the output projection's weight; target: (B, T) ids, ``pad_id`` positions ignored;
+        n_tokens: the count of non-pad targets where the caller knows it (``Batch.n_target_tokens``):
+            on a GPU the padding rows are then dropped without reading anything back from the device.
     Returns:
         float32 sums (loss, nll) and the count of non-pad target tokens, as ``label_smoothed_cross_entropy``.
     """
@@ -155,7 +169,8 @@ def projected_label_smoothed_cross_entropy(hidden: Tensor, weight: Tensor, targe
     if dtype == torch.float16:
         return label_smoothed_cross_entropy(F.linear(hidden, weight), target, pad_id, epsilon)
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-        loss, nll, n_tokens = _ProjectedLoss.apply(hidden, weight, target, pad_id, epsilon, dtype)
+        loss, nll, count = _ProjectedLoss.apply(hidden, weight, target, pad_id, epsilon, dtype, n_tokens)
     else:
-        loss, nll, n_tokens, _, _ = _chunked_loss(hidden, weight, target, pad_id, epsilon, dtype, with_grads=False)
-    return LossOutput(loss, nll, n_tokens)
+        loss, nll, count, _, _ = _chunked_loss(hidden, weight, target, pad_id, epsilon, dtype, with_grads=False,
+                                               n_tokens=n_tokens)
+    return LossOutput(loss, nll, count)

@@ -490,7 +490,8 @@ class Trainer:
                     with autocast(self.precision, self.device):
                         hidden = self.forward_model(batch.src, batch.tgt_in, project=False)
                         out = projected_label_smoothed_cross_entropy(
-                            hidden, self.model.output.weight, batch.tgt_out, self.pad_id, c.label_smoothing)
+                            hidden, self.model.output.weight, batch.tgt_out, self.pad_id, c.label_smoothing,
+                            n_tokens=batch.n_target_tokens)
                     self.scaler.scale(out.loss * norm).backward()
             except torch.OutOfMemoryError as err:
                 rows, width = batch.tgt_in.shape

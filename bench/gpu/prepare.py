@@ -13,6 +13,8 @@ registry, no internet and no DVC or MLflow, and a call takes at most 64 MiB of f
 - ``wheels/``: the packages the stages import that the GPU machine lacks (cronsim for the params
   check, sacremoses for the paper's tokenized BLEU, pydantic and its needs for params.yaml's typed
   config), pinned as in requirements.txt, for its Python (3.12);
+- ``baseline/``: the ``transformer`` package of ``BASELINE`` (``dc0e5c2``), the trainer whose step
+  #56 measures ours against (``bench/train_step.py --against``), with its ``commit.txt``;
 - ``commit.txt``: the commit the folder was made for (the GPU machine gets no ``.git``).
 
     python -m bench.gpu.prepare [--out .gpu] [--wmt-pairs 170000] [--multi30k-pairs 0]
@@ -43,6 +45,7 @@ CARRY_LIMIT = 60 * 2**20   # the device tool carries 64 MiB with the working tre
 # pydantic (params.yaml's typed config) with its own needs, typing_extensions at the version pydantic needs
 WHEELS = ("cronsim", "sacremoses", "pydantic", "pydantic_core", "annotated-types", "typing-inspection",
           "typing_extensions")
+BASELINE = "dc0e5c2"   # the trainer before the step without read-backs (#56)
 WHEEL_PLATFORM = ["--python-version", "3.12", "--implementation", "cp", "--only-binary=:all:", "--no-deps"]
 
 
@@ -111,6 +114,17 @@ def wheels(out: Path) -> None:
         raise SystemExit(f"error: pip download failed: {result.stderr[-2000:]}")
 
 
+def baseline(out: Path) -> None:
+    """``BASELINE``'s ``transformer`` package (from git: no worktree needed) into ``out/baseline``."""
+    target = out / "baseline"
+    target.mkdir()
+    archive = subprocess.run(["git", "archive", BASELINE, "transformer"], cwd=REPO, capture_output=True)
+    if archive.returncode != 0:
+        raise SystemExit(f"error: git archive {BASELINE} failed: {archive.stderr.decode()[-500:]}")
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
+    (target / "commit.txt").write_text(BASELINE + "\n")
+
+
 def commit() -> str:
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
@@ -145,6 +159,8 @@ def main() -> None:
         wmt14_shaped(staged, work, args.wmt_pairs)
         print(f"wheels: {', '.join(pinned(n) for n in WHEELS)}", flush=True)
         wheels(staged)
+        print(f"baseline: the transformer package of {BASELINE}", flush=True)
+        baseline(staged)
         (staged / "commit.txt").write_text(commit() + "\n")
         size = size_of(staged)
         if size > CARRY_LIMIT:

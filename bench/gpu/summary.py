@@ -147,6 +147,17 @@ def profile_rows(work: Path, name: str) -> list[tuple[str, str, str, str]]:
     return [(f"{name}: {label}", value, "", name) for label, value in found]
 
 
+def step_bench_rows(work: Path, name: str, label: str) -> list[tuple[str, str, str, str]]:
+    """``bench/train_step.py``: each variant's target tokens/s and the ratios it printed."""
+    log = read(work / name / "log.txt")
+    speeds = re.findall(r"^ *(\w+)(?: \(.*?\))?: ([\d,]+) target tokens/s", log, re.MULTILINE)
+    ratios = re.findall(r"^(\w+_ratio)=([\d.]+)$", log, re.MULTILINE)
+    if not speeds:
+        return [(f"{label}: the trainer's step", status(work, name), "", name)]
+    rows = [(f"{label}: {variant}", f"{value} target tokens/s", "", name) for variant, value in speeds]
+    return rows + [(f"{label}: {ratio}", value, "", name) for ratio, value in ratios]
+
+
 def main() -> None:
     work = Path(sys.argv[1])
     env = read(work / "environment.txt")
@@ -169,6 +180,10 @@ def main() -> None:
     for name in ("profile_base", "profile_base_expandable", "profile_big"):
         if (work / name).is_dir():
             rows += profile_rows(work, name)
+    for name, label in (("levers_base", "base, bf16, trainer step"), ("compiled_base", "base, bf16, trainer step"),
+                        ("big_step", "big, bf16, trainer step")):
+        if (work / name).is_dir():
+            rows += step_bench_rows(work, name, label)
     if (work / "decode").is_dir():
         rows += decode_rows(work)
     if (work / "multi30k_gpu").is_dir():

@@ -6,7 +6,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer.loss import CHUNK_ELEMENTS, label_smoothed_cross_entropy, projected_label_smoothed_cross_entropy
+from transformer.loss import (
+    CHUNK_ELEMENTS,
+    label_smoothed_cross_entropy,
+    projected_label_smoothed_cross_entropy,
+    unpadded_rows,
+)
 
 pytestmark = pytest.mark.fast
 
@@ -281,3 +286,14 @@ def test_model_gradients_through_the_fused_loss_equal_the_unfused():
     assert grads[0].keys() == grads[1].keys()
     for name, plain in grads[0].items():
         assert torch.allclose(grads[1][name], plain, rtol=1e-4, atol=1e-6), name
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_unpadded_rows_by_their_count_are_nonzeros_rows(seed):
+    """The GPU path's rows (a stable sort, given the count the host knows) are nonzero's, in order."""
+    generator = torch.Generator().manual_seed(seed)
+    target = torch.randint(0, 4, (7, 13), generator=generator)   # about a quarter padding (id 0)
+    flat = target.reshape(-1)
+    expected = flat.ne(0).nonzero().squeeze(1)
+    assert torch.equal(unpadded_rows(flat, 0, expected.numel()), expected)
+    assert unpadded_rows(torch.zeros(5, dtype=torch.long), 0, 0).numel() == 0
