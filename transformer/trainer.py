@@ -156,6 +156,7 @@ class Trainer:
         self.resumed_from = ""   # the checkpoint resume() loaded, for messages
         self.skipped_updates = 0  # updates with a non-finite loss skipped by this process (nan_policy skip)
         self.ledger = UpdateLedger(self.device, 0, self._rate_of_update)
+        self.next_read_step = 0   # the step at which the loop reads the ledger next (``_read_ledger``)
 
     # ----------------------------------------------------------------- state
     def state_dict(self, rng_ranks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -390,7 +391,7 @@ class Trainer:
                 # Several ranks: as agreed before the update (every rank takes part in a save).
                 due_minutes = (self._checkpoint_due(last_ckpt_time) if self.world_size == 1
                                else self.checkpoint_agreed)
-                if not (due_minutes or self._on_grid(self.step)):
+                if not (due_minutes or self.step == self.next_read_step):
                     continue
                 self._read_ledger()
                 if self.step > handled:
@@ -427,13 +428,8 @@ class Trainer:
         """Eq. 3's rate of update ``n`` (from 1), as the scheduler gives it (one rate for all groups)."""
         return self.scheduler.base_lrs[0] * self.scheduler.lr_lambdas[0](n - 1)
 
-    def _on_grid(self, step: int) -> bool:
-        """Whether ``step`` logs, validates, checkpoints or ends the training (the ledger is read there)."""
-        c = self.config
-        return any(every and step % every == 0 for every in (c.log_every, c.validate_every, c.checkpoint_every_steps)) \
-            or step == c.max_steps
-
     def _next_grid_step(self, step: int) -> int:
+        """The first step after ``step`` that logs, validates, checkpoints or ends the training."""
         c = self.config
         candidates = [(step // every + 1) * every
                       for every in (c.log_every, c.validate_every, c.checkpoint_every_steps) if every]
@@ -457,7 +453,9 @@ class Trainer:
         self.step = reading.applied
         while self.scheduler.last_epoch < self.step:
             self.scheduler.step()
-        self.ledger.plan(self.step, self._next_grid_step(self.step) - self.step)
+        # Updates until then can reach no further than that step, so its rates are all they need.
+        self.next_read_step = self._next_grid_step(self.step)
+        self.ledger.plan(self.step, self.next_read_step - self.step)
 
     def _update(self, batches: list[Batch], vote: StopVote, checkpoint_due: bool = False) -> None:
         """One optimiser step over an update's ``update_freq`` batches, loss normalised by target tokens.
@@ -519,14 +517,11 @@ class Trainer:
     def _step_optimizer(self, skipped: torch.Tensor) -> None:
         """Adam's step at the ledger's rate, left undone on the device where ``skipped``.
 
-        The fused kernel takes the skip as ``found_inf`` (as from ``GradScaler.step``): parameters
+        The Trainer's Adam is fused (``make_optimizer``: CPU and CUDA, its only devices), and the
+        fused kernel takes the skip as ``found_inf`` (as from ``GradScaler.step``): parameters
         and moments stay, and its step count is taken back. The rate goes in as a device tensor for
         the step only: the param groups keep the scheduler's floats, so checkpoints are as before.
         """
-        if not getattr(self.optimizer, "_step_supports_amp_scaling", False):   # not fused: read it back
-            if not bool(skipped):
-                self.optimizer.step()
-            return
         groups = self.optimizer.param_groups
         host_rates = [group["lr"] for group in groups]
         rate = self.ledger.next_rate()
