@@ -59,7 +59,7 @@ from transformer.data import write_token_store
 from transformer.model import Transformer
 from transformer.tokenizer import Tokenizer, train_tokenizer
 from transformer.tokens import EOS_ID
-from transformer.trainer import TrainConfig, Trainer
+from transformer.training.trainer import TrainConfig, Trainer
 
 # The Multi30k mirror: DATA_MIRROR, else ../shared/data/multi30k beside the repository.
 MULTI30K = Path(os.environ.get("DATA_MIRROR") or Path(__file__).resolve().parents[2] / "shared/data/multi30k") \

@@ -1,7 +1,7 @@
 """The trainer's own step against another revision's, and its levers, in interleaved rounds.
 
 ``bench/train_throughput.py`` times the model's forward, loss, backward and Adam in a loop of its own;
-this bench times what ``make run`` runs: ``transformer.trainer.Trainer.train`` (collation, the
+this bench times what ``make run`` runs: ``transformer.training.trainer.Trainer.train`` (collation, the
 update's bookkeeping, the log window), on the same token store, for every variant:
 
 - ``ours``: this checkout's trainer as the train stage builds it;
@@ -91,7 +91,10 @@ def _train(rank: int, args: argparse.Namespace, init_method: str) -> None:
     from transformer.config import ModelConfig
     from transformer.data import TokenStore
     from transformer.model import Transformer
-    from transformer.trainer import TrainConfig, Trainer, TrainerCallback
+    try:
+        from transformer.training.trainer import TrainConfig, Trainer, TrainerCallback
+    except ModuleNotFoundError:   # a checkout from before transformer/training/ (dc0e5c2's, for --against)
+        from transformer.trainer import TrainConfig, Trainer, TrainerCallback  # type: ignore[no-redef]
 
     rates: list[float] = []
 

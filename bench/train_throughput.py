@@ -32,7 +32,7 @@ memory of each model's training. The last lines are ``mfu=<ours>`` and ``ratio=<
 of the median target tokens per second (``--no-reference``: no reference, no ratio).
 
 Ours trains as the trainer does, the output projection fused into the loss
-(``transformer.loss.projected_label_smoothed_cross_entropy``); ``--unfused-loss`` times it a second
+(``transformer.training.loss.projected_label_smoothed_cross_entropy``); ``--unfused-loss`` times it a second
 time in the same rounds with the logits made whole and the loss after them, and prints
 ``fused_loss_ratio=<fused / unfused>``.
 
@@ -60,10 +60,11 @@ import torch
 from torch import nn
 
 from transformer import PAD_ID, Transformer, build_config
-from transformer.data import Batch, TokenBatchSampler, TokenStore, collate
-from transformer.loss import LossOutput, label_smoothed_cross_entropy, projected_label_smoothed_cross_entropy
+from transformer.data import TokenStore
 from transformer.precision import autocast, resolve_precision
-from transformer.schedule import make_optimizer, make_scheduler
+from transformer.training.batching import Batch, TokenBatchSampler, collate
+from transformer.training.loss import LossOutput, label_smoothed_cross_entropy, projected_label_smoothed_cross_entropy
+from transformer.training.schedule import make_optimizer, make_scheduler
 
 PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
 
@@ -215,7 +216,7 @@ def _sync(device: torch.device) -> None:
 
 def batch_loss(model: nn.Module, batch: Batch, precision: str, device: torch.device,
                fused_loss: bool = True) -> LossOutput:
-    """The trainer's loss for ours (the output projection fused into it, ``transformer.trainer``),
+    """The trainer's loss for ours (the output projection fused into it, ``transformer.training.trainer``),
     the plain label-smoothed loss over the logits for the reference (and for ours without ``fused_loss``)."""
     core = getattr(model, "_orig_mod", model)  # ours under torch.compile
     with autocast(precision, device):

@@ -181,8 +181,8 @@ def assert_not_run_by(files: list[str], stages: tuple[str, ...]) -> None:
 
 # The model and its training: an edit reruns train and the stages after it, never the data stages.
 MODEL_AND_TRAINING = [f"transformer/{name}.py" for name in (
-    "config", "train_config", "attention", "layers", "model", "positional", "dropout", "precision", "loss",
-    "schedule", "trainer", "search")]
+    "config", "attention", "layers", "model", "positional", "dropout", "precision", "search",
+    "training/train_config", "training/loss", "training/schedule", "training/trainer", "training/batching")]
 # Decoding-only code (beam search, the translator and its settings, decoding a split, scoring it): an
 # edit reruns tune and evaluate, never training or averaging.
 DECODING = ["transformer/search.py", "transformer/packed.py", "pipeline/serving/decoding.py",
@@ -221,6 +221,17 @@ def test_the_stage_runner_loads_no_model_or_schema_code():
     heavy = {f for f in runner if f.startswith(("transformer/", "pipeline/config/"))} - {
         "transformer/__init__.py", "transformer/errors.py", "pipeline/config/__init__.py", "pipeline/config/errors.py"}
     assert not heavy, f"pipeline/stages/runner.py runs {sorted(heavy)}"
+
+
+def test_the_model_imports_nothing_of_its_training():
+    """``transformer``'s top (the model, decoding, checkpoints, the tokenizer) runs without
+    ``transformer/training/``: a user of the model, and the serving and decoding stages, load none of it."""
+    graph = import_graph()
+    top = [name for name in graph if name.startswith("transformer") and not name.startswith("transformer.training")]
+    assert "transformer.model" in top and "transformer.search" in top
+    for name in top:
+        assert not {t for t in graph[name] if t.startswith("transformer.training")}, name
+    assert "transformer.training.trainer" in graph
 
 
 def rewrite_dvc_yaml() -> None:

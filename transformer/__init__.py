@@ -3,7 +3,7 @@
 Standalone: depends on torch and numpy (and sentencepiece for ``transformer.tokenizer``).
 
 The names below are loaded from their modules on first use (PEP 562), so that importing one
-module (``transformer.trainer``) does not run the others (``transformer.search``): the pipeline's
+module (``transformer.training.trainer``) does not run the others (``transformer.search``): the pipeline's
 DVC stages depend on exactly the files they run.
 """
 

@@ -4,7 +4,7 @@ unusable checkpoint, a batch that does not fit in memory, a loss that stopped be
 They live here, apart from the code that raises them, so that a caller catches them without loading
 the model or the training code: the pipeline's stage runner catches all four around every stage,
 the download and tokenizer stages included, and so depends on this file alone. Each is re-exported
-where it is raised (``transformer.config``, ``transformer.checkpoint``, ``transformer.train_config``),
+where it is raised (``transformer.config``, ``transformer.checkpoint``, ``transformer.training.train_config``),
 so existing imports keep working.
 """
 

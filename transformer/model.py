@@ -176,7 +176,7 @@ class Transformer(nn.Module):
                 project: bool = True) -> Tensor:
         """Teacher-forced logits: src (B, S), tgt_in (B, T) starting with BOS -> (B, T, V); with
         ``project=False`` the decoder's output states (B, T, D), for a loss that projects them itself
-        (``transformer.loss.projected_label_smoothed_cross_entropy`` with ``self.output.weight``)."""
+        (``transformer.training.loss.projected_label_smoothed_cross_entropy`` with ``self.output.weight``)."""
         memory, src_mask = self.encode(src, weights)
         return self.decode(tgt_in, memory, src_mask, weights=weights, project=project)
 

@@ -20,7 +20,7 @@ from pipeline.config.overrides import with_overrides
 from pipeline.config.tokenizer import TokenizerParams
 from pipeline.config.tracking import TrackingParams
 from pipeline.config.train import TrainSection, check_init_files
-from transformer.train_config import TrainConfig
+from transformer.training.train_config import TrainConfig
 
 # Every section, in params.yaml's order.
 SECTIONS = (DataParams, TokenizerParams, ModelSection, TrainSection, AverageParams, TuneParams, EvaluateParams,

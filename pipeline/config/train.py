@@ -15,7 +15,7 @@ from pydantic import create_model, field_validator
 from pipeline.config.errors import ParamsError
 from pipeline.config.section import Section, dataclass_fields, invalid, package_message
 from pipeline.config.tokenizer import TokenizerParams
-from transformer.train_config import TrainConfig
+from transformer.training.train_config import TrainConfig
 
 # Every TrainConfig field, typed and defaulted as the dataclass.
 _Keys = create_model("_Keys", __base__=Section, **dataclass_fields(TrainConfig))

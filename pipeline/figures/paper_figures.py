@@ -35,10 +35,10 @@ from transformer.attention import MultiHeadAttention, scaled_dot_product_attenti
 from transformer.checkpoint import average_checkpoints, model_checkpoint, save_checkpoint  # noqa: E402
 from transformer.dropout import dropout  # noqa: E402
 from transformer.layers import FeedForward  # noqa: E402
-from transformer.loss import label_smoothed_cross_entropy  # noqa: E402
 from transformer.positional import sinusoidal_encoding  # noqa: E402
-from transformer.schedule import inverse_sqrt_lr, make_optimizer, make_scheduler  # noqa: E402
 from transformer.search import length_penalty  # noqa: E402
+from transformer.training.loss import label_smoothed_cross_entropy  # noqa: E402
+from transformer.training.schedule import inverse_sqrt_lr, make_optimizer, make_scheduler  # noqa: E402
 
 FIGURES = ("positional_encoding.png", "masks.png", "attention_worked.png", "multi_head_attention.png",
            "residual_norms.png", "label_smoothing.png", "learning_rate.png", "length_penalty.png",

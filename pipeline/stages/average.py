@@ -15,7 +15,7 @@ from pipeline.config.loader import Sections, load_sections
 from pipeline.config.tracking import TrackingParams
 from pipeline.stages.runner import run_stage
 from transformer.checkpoint import average_checkpoints, file_sha256, save_checkpoint
-from transformer.trainer import list_checkpoints
+from transformer.training.trainer import list_checkpoints
 
 
 def average(last_n: int) -> dict[str, Any]:

@@ -33,7 +33,7 @@ trained (as ``TRAIN_DIST_TIMEOUT_S``); ``train.processes`` is a key because it d
 
 The processes die with the stage: a SIGTERM or SIGINT to the stage (DVC's, a flow's, a
 scheduler's) is forwarded by the launcher to every process, which stop together after the same
-update with a resume checkpoint (``transformer.stopping``); the launcher waits for them (up to
+update with a resume checkpoint (``transformer.training.stopping``); the launcher waits for them (up to
 ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, 30 s by default, then SIGKILL) and the stage exits 128 + the
 signal's number, so DVC never records a stopped training as done. A stage killed outright
 (SIGKILL) reaches them through ``PR_SET_PDEATHSIG`` (``parent_death``): each process gets SIGTERM
@@ -50,7 +50,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from pipeline.config.errors import ParamsError
-from transformer.train_config import TrainConfig
+from transformer.training.train_config import TrainConfig
 
 LAUNCHER_PID_ENV = "PIPELINE_LAUNCHER_PID"   # set for the processes this module starts
 DEFAULT_RDZV_ID = "pipeline-train"

@@ -6,7 +6,7 @@ training settings, data or initial weights changed since that checkpoint, traini
 instead.
 
 Fine-tuning: with ``train.init_from`` set, a training that does not resume starts from that
-model's weights (``transformer.trainer.TrainConfig``); ``tokenizer.model_from`` made the token
+model's weights (``transformer.training.trainer.TrainConfig``); ``tokenizer.model_from`` made the token
 stores with the tokenizer those weights were trained with.
 
 Several devices (§5.2): ``train.processes`` (a number, or ``auto`` = every visible GPU) makes the
@@ -71,11 +71,11 @@ from pipeline.stages.runner import run_stage
 from transformer.atomic import file_sha256, write_json
 from transformer.data import TokenStore
 from transformer.model import Transformer
-from transformer.trainer import Trainer, TrainerCallback, list_checkpoints
+from transformer.training.trainer import Trainer, TrainerCallback, list_checkpoints
 
 if TYPE_CHECKING:
     from pipeline.tracking.callback import MlflowCallback
-    from transformer.train_config import TrainConfig
+    from transformer.training.train_config import TrainConfig
 
 TRACKED_SECTIONS = ("data", "tokenizer", "model", "train", "tracking")
 DIST_TIMEOUT_ENV = "TRAIN_DIST_TIMEOUT_S"

@@ -28,7 +28,7 @@ from pipeline.tracking.runs import finish_run, log_params
 from pipeline.tracking.store import client, experiment_id, safe_uri, tracking_uri
 from pipeline.tracking.tags import params_hash, run_name, training_lengths
 from transformer.atomic import file_sha256
-from transformer.trainer import Trainer, TrainerCallback
+from transformer.training.trainer import Trainer, TrainerCallback
 
 TRAIN_SECONDS = "time/train_seconds"   # training wall time so far, logged at each checkpoint and at the end
 

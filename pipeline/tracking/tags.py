@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import yaml
 
-from transformer.trainer import Trainer
+from transformer.training.trainer import Trainer
 
 
 def _git(*args: str) -> str:

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from transformer.config import build_config
 from transformer.data import TokenStore
 from transformer.model import Transformer
-from transformer.trainer import TrainConfig, Trainer
+from transformer.training.trainer import TrainConfig, Trainer
 
 VOCAB = 30
 

@@ -13,10 +13,10 @@ import torch
 from tests.gpu import requires_cuda
 from tests.transformer.conftest import pad_batch, tiny_model
 from transformer.attention import scaled_dot_product_attention
-from transformer.loss import label_smoothed_cross_entropy
 from transformer.model import AttentionWeights
 from transformer.precision import autocast
 from transformer.tokens import BOS_ID, PAD_ID
+from transformer.training.loss import label_smoothed_cross_entropy
 
 pytestmark = [requires_cuda, pytest.mark.fast]
 CUDA = torch.device("cuda")

@@ -1,4 +1,4 @@
-"""transformer/trainer.py on CUDA: fp16 loss scaling skips overflowing updates without advancing the
+"""transformer/training/trainer.py on CUDA: fp16 loss scaling skips overflowing updates without advancing the
 schedule, a resumed training continues exactly (CUDA RNG included: dropout draws from it), and
 training under ``torchrun`` with an NCCL process group trains and resumes."""
 
@@ -14,13 +14,13 @@ import torch
 
 from tests.gpu import requires_cuda
 from tests.transformer.conftest import tiny_model
-from tests.transformer.test_trainer import WeightsAtLog, config, random_pairs
+from tests.transformer.training.test_trainer import WeightsAtLog, config, random_pairs
 from transformer.checkpoint import load_checkpoint
 from transformer.config import build_config
 from transformer.data import write_token_store
 from transformer.model import Transformer
-from transformer.schedule import inverse_sqrt_lr
-from transformer.trainer import Trainer
+from transformer.training.schedule import inverse_sqrt_lr
+from transformer.training.trainer import Trainer
 
 pytestmark = [requires_cuda, pytest.mark.fast]
 REPO = Path(__file__).resolve().parents[2]

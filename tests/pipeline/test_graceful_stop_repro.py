@@ -20,7 +20,7 @@ import psutil
 import pytest
 import yaml
 
-from transformer.checkpoint_files import list_checkpoints
+from transformer.training.checkpoint_files import list_checkpoints
 
 from .conftest import BIN, Workspace
 

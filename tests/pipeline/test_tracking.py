@@ -24,7 +24,7 @@ from transformer.config import build_config
 from transformer.data import write_token_store
 from transformer.model import Transformer
 from transformer.tokenizer import Tokenizer
-from transformer.trainer import TrainConfig, Trainer, TrainerCallback
+from transformer.training.trainer import TrainConfig, Trainer, TrainerCallback
 
 from .conftest import BIN
 

@@ -22,7 +22,7 @@ from transformer.checkpoint import average_checkpoints, save_checkpoint
 from transformer.config import build_config
 from transformer.data import TokenStore, write_token_store
 from transformer.model import Transformer
-from transformer.trainer import TrainConfig, Trainer, TrainerCallback, list_checkpoints
+from transformer.training.trainer import TrainConfig, Trainer, TrainerCallback, list_checkpoints
 
 pytestmark = pytest.mark.training
 

@@ -22,7 +22,7 @@ import torch
 from transformer.config import build_config
 from transformer.data import TokenStore
 from transformer.model import Transformer
-from transformer.trainer import TrainConfig, Trainer, TrainerCallback, list_checkpoints
+from transformer.training.trainer import TrainConfig, Trainer, TrainerCallback, list_checkpoints
 
 VOCAB = 40
 CONFIG = dict(max_tokens=96, update_freq=2, warmup_steps=4, checkpoint_every_steps=2, keep_checkpoints=3,

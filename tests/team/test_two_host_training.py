@@ -13,7 +13,7 @@ machines each have their own disk.
 - A host cut off (its link down, so no connection is closed, as when a machine loses power): the
   other host's training stops after ``TRAIN_DIST_TIMEOUT_S``, not gloo's 30 minutes.
 - A SIGTERM to host-b's rank only (a scheduler preempting one machine), with dropout 0.1: both ranks
-  stop after the same update (the vote in the update's all-reduce, ``transformer/stopping.py``), host-a
+  stop after the same update (the vote in the update's all-reduce, ``transformer/training/stopping.py``), host-a
   holds the one resume point (with both ranks' RNG states), both stages exit 143, and the rerun ends
   with the weights of an uninterrupted two-host run, ``torch.equal``.
 
@@ -44,7 +44,7 @@ import yaml
 from transformer.checkpoint import load_checkpoint
 from transformer.config import ModelConfig
 from transformer.model import Transformer
-from transformer.trainer import list_checkpoints
+from transformer.training.trainer import list_checkpoints
 
 from ..pipeline.conftest import BIN, TINY, make_workspace, tiny_params
 from . import hosts

@@ -48,7 +48,7 @@ def copy_task(tmp_path_factory) -> CopyTask:
     import numpy as np
 
     from transformer.data import write_token_store
-    from transformer.trainer import TrainConfig, Trainer
+    from transformer.training.trainer import TrainConfig, Trainer
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 import transformer
-from transformer import checkpoint, config, errors, train_config, trainer
+from transformer import checkpoint, config, errors
+from transformer.training import train_config, trainer
 
 pytestmark = pytest.mark.fast
 

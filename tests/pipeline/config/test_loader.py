@@ -73,7 +73,7 @@ def test_stages_load_only_their_sections_code():
     deps = expected_deps()
     for stage in ("download", "tokenizer"):
         for light_only in ("pipeline/config/model.py", "pipeline/config/train.py", "pipeline/config/params.py",
-                           "transformer/config.py", "transformer/train_config.py"):
+                           "transformer/config.py", "transformer/training/train_config.py"):
             assert light_only not in deps[stage], (stage, light_only)
     assert "pipeline/config/train.py" in deps["train"] and "pipeline/config/params.py" not in deps["train"]
     assert "pipeline/config/decoding_sections.py" in deps["evaluate"]

@@ -8,7 +8,7 @@ import yaml
 from pipeline.config.params import EvaluateParams, ParamsError, load_params
 from pipeline.serving.decoding import decoding_settings
 from tests.pipeline.conftest import REPO
-from transformer.trainer import TrainConfig
+from transformer.training.trainer import TrainConfig
 
 pytestmark = pytest.mark.fast
 

@@ -9,7 +9,7 @@ from pipeline.config.errors import ParamsError
 from pipeline.config.flows import FlowsParams
 from pipeline.config.section import dotted, package_message
 from transformer.config import ConfigError, ModelConfig
-from transformer.train_config import TrainConfig
+from transformer.training.train_config import TrainConfig
 
 pytestmark = pytest.mark.fast
 

@@ -31,7 +31,7 @@ from transformer.model import Transformer
 from transformer.search import beam_search, greedy_search
 from transformer.tokenizer import open_tokenizer, train_tokenizer
 from transformer.tokens import BOS_ID, EOS_ID, PAD_ID
-from transformer.trainer import TrainConfig, Trainer
+from transformer.training.trainer import TrainConfig, Trainer
 
 pytestmark = pytest.mark.fast
 

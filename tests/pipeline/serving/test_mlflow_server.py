@@ -35,7 +35,7 @@ from transformer.checkpoint import model_checkpoint, save_checkpoint
 from transformer.config import build_config
 from transformer.model import Transformer
 from transformer.tokenizer import encode_to_store, train_tokenizer
-from transformer.trainer import TrainConfig, Trainer
+from transformer.training.trainer import TrainConfig, Trainer
 
 from ..conftest import MIRROR, REPO
 

@@ -1,6 +1,6 @@
 """Which checkpoint a training resumes from, in one process or under ``torchrun`` (§5).
 
-A training's trajectory is fixed by its fingerprint (``Trainer.fingerprint``); a checkpoint of
+A training's trajectory is fixed by its fingerprint (``training_fingerprint``); a checkpoint of
 another fingerprint is not resumed. Under ``torchrun`` every rank must resume from the same state.
 """
 
@@ -13,9 +13,51 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .checkpoint import load_checkpoint
+from ..checkpoint import load_checkpoint
+from ..errors import CheckpointError
 from .checkpoint_files import checkpoint_step
-from .errors import CheckpointError
+from .schedule import rates_agree
+
+# TrainConfig fields that may change between a checkpoint and its resumption. ``init_from`` is a
+# path: what counts is the file's content, its sha256 (the fingerprint's "init"), so a moved
+# copy of the same file resumes and other bytes at the same path restart.
+RESUMABLE_CHANGES = {"max_steps", "cooldown_steps", "max_epochs", "max_minutes", "log_every", "validate_every",
+                     "checkpoint_every_steps", "checkpoint_every_minutes", "keep_checkpoints", "device",
+                     "compile", "nan_policy", "init_from"}
+
+
+def training_fingerprint(model_config: dict[str, Any], train_config: dict[str, Any], world_size: int,
+                         data: str, tokenizer_sha256: str = "", init_sha256: str = "") -> dict[str, Any]:
+    """What fixes the training trajectory: model and training settings, the data (the token
+    store's size and content sha256, ``data``; the tokenizer's sha256 when given), and the starting
+    weights when fine-tuning (the sha256 of the ``init_from`` file).
+
+    Limits (max_steps, max_epochs, max_minutes), logging and checkpoint intervals are left
+    out: raising a limit and resuming gives the same result as training longer from scratch.
+    So is the cool-down (``cooldown_steps``, which moves with ``max_steps``): ``settings_changes``
+    accepts a checkpoint whose updates had the rates the new settings give them (``schedule.rates_agree``).
+    """
+    train = {k: v for k, v in train_config.items() if k not in RESUMABLE_CHANGES}
+    fingerprint = {"model": model_config, "train": train, "world_size": world_size, "data": data}
+    if tokenizer_sha256:
+        fingerprint["tokenizer"] = tokenizer_sha256
+    if init_sha256:   # absent for random weights: checkpoints from before init_from existed still match
+        fingerprint["init"] = init_sha256
+    return fingerprint
+
+
+def settings_changes(state: dict[str, Any], fingerprint: dict[str, Any],
+                     train_config: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """What stops checkpoint ``state`` from resuming under ``fingerprint`` and ``train_config``
+    (``differences``, and the cool-down's rates), empty when it resumes."""
+    changes = differences(state.get("fingerprint", {}), fingerprint)
+    # max_steps and cooldown_steps are resumable while the updates already made had the same rates.
+    saved = state.get("train_config", {})
+    old_cooldown = (saved.get("max_steps", 0), saved.get("cooldown_steps", 0))
+    new_cooldown = (train_config["max_steps"], train_config["cooldown_steps"])
+    if not rates_agree(state["step"], old_cooldown, new_cooldown):
+        changes["train.(max_steps, cooldown_steps)"] = (old_cooldown, new_cooldown)
+    return changes
 
 
 def differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> dict[str, tuple[Any, Any]]:

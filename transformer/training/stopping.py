@@ -23,6 +23,13 @@ import torch.distributed as dist
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+def rank_and_world_size() -> tuple[int, int]:
+    """This process's rank and the number of ranks: (0, 1) outside ``torch.distributed``."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
 @dataclass(frozen=True)
 class StopVote:
     """Why a rank (or, once agreed, any rank) wants to stop: a signal, or the clock budget."""

@@ -1,4 +1,4 @@
-"""transformer/trainer.py under torch.distributed: two gloo processes on CPU end with the same
+"""transformer/training/trainer.py under torch.distributed: two gloo processes on CPU end with the same
 parameters as one process that accumulates the same two batches per update (§5.2's batching)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch.multiprocessing as mp
 from transformer.config import build_config
 from transformer.data import write_token_store
 from transformer.model import Transformer
-from transformer.trainer import TrainConfig, Trainer
+from transformer.training.trainer import TrainConfig, Trainer
 
 pytestmark = pytest.mark.training
 

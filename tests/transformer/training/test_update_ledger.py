@@ -1,10 +1,10 @@
-"""transformer/update_ledger.py: the applied count, the rate and the non-finite record on the device."""
+"""transformer/training/update_ledger.py: the applied count, the rate and the non-finite record on the device."""
 
 import pytest
 import torch
 
-from transformer.schedule import inverse_sqrt_lr
-from transformer.update_ledger import LedgerReading, UpdateLedger
+from transformer.training.schedule import inverse_sqrt_lr
+from transformer.training.update_ledger import LedgerReading, UpdateLedger
 
 pytestmark = pytest.mark.fast
 

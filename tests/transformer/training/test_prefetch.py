@@ -1,11 +1,11 @@
-"""transformer/prefetch.py: items prepared ahead on a thread, in order, errors where they happened."""
+"""transformer/training/prefetch.py: items prepared ahead on a thread, in order, errors where they happened."""
 
 import itertools
 import threading
 
 import pytest
 
-from transformer.prefetch import Prefetcher
+from transformer.training.prefetch import Prefetcher
 
 pytestmark = pytest.mark.fast
 

@@ -1,4 +1,4 @@
-"""transformer/rng_states.py: each rank's generators in the checkpoint rank 0 writes. One process
+"""transformer/training/rng_states.py: each rank's generators in the checkpoint rank 0 writes. One process
 writes none of them (its checkpoints keep their bytes: ``rng_cpu``/``rng_cuda`` only); a state with
 one entry per rank gives each rank its own; any other (older checkpoints, another number of
 processes) gives every rank rank 0's. Two real ranks: test_trainer_distributed_stop.py."""
@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from transformer import rng_states
 from transformer.config import build_config
 from transformer.data import TokenStore, write_token_store
 from transformer.model import Transformer
-from transformer.trainer import TrainConfig, Trainer
+from transformer.training import rng_states
+from transformer.training.trainer import TrainConfig, Trainer
 
 from .test_trainer_distributed import pairs
 

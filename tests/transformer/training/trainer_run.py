@@ -1,6 +1,6 @@
 """Train a tiny model with ``Trainer`` in a fresh process (used by test_trainer's resume test).
 
-    python tests/transformer/trainer_run.py STORE CHECKPOINT_DIR MAX_STEPS CHECKPOINT_EVERY [--resume]
+    python tests/transformer/training/trainer_run.py STORE CHECKPOINT_DIR MAX_STEPS CHECKPOINT_EVERY [--resume]
 
 Prints one JSON line: the trainer's step, epoch and batch_in_epoch at the end.
 """
@@ -15,7 +15,7 @@ import torch
 from transformer.config import build_config
 from transformer.data import TokenStore
 from transformer.model import Transformer
-from transformer.trainer import TrainConfig, Trainer
+from transformer.training.trainer import TrainConfig, Trainer
 
 VOCAB = 30
 

@@ -1,8 +1,8 @@
 """A stop that reaches one rank only (a scheduler's SIGTERM, the ``max_minutes`` clock) stops every
-rank after the same update (``transformer/stopping.py``): two gloo processes on CPU end at one
+rank after the same update (``transformer/training/stopping.py``): two gloo processes on CPU end at one
 step, rank 0 writes one resume point, both exit 0, and the resumed training ends with the weights of
 an uninterrupted one (``torch.equal``), with dropout 0.1: the ranks' dropout masks come from
-generators each in a state of its own, all of them in rank 0's checkpoint (``transformer/rng_states.py``)
+generators each in a state of its own, all of them in rank 0's checkpoint (``transformer/training/rng_states.py``)
 and each restored on its rank. The stop lands on a chosen update through a wrapper around
 ``Trainer._update`` (no timing: a signal sent by the rank to itself, a clock budget marked spent)."""
 
@@ -22,7 +22,7 @@ import torch.multiprocessing as mp
 from transformer.config import build_config
 from transformer.data import TokenStore, write_token_store
 from transformer.model import Transformer
-from transformer.trainer import TrainConfig, Trainer, list_checkpoints
+from transformer.training.trainer import TrainConfig, Trainer, list_checkpoints
 
 from .test_trainer_distributed import pairs
 

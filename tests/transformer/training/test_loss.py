@@ -1,4 +1,4 @@
-"""transformer/loss.py: label-smoothed cross-entropy (§5.4) against a hand computation."""
+"""transformer/training/loss.py: label-smoothed cross-entropy (§5.4) against a hand computation."""
 
 import math
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer.loss import (
+from transformer.training.loss import (
     CHUNK_ELEMENTS,
     label_smoothed_cross_entropy,
     projected_label_smoothed_cross_entropy,

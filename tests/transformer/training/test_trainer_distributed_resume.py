@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 from transformer.config import build_config
 from transformer.data import TokenStore, write_token_store
 from transformer.model import Transformer
-from transformer.trainer import TrainConfig, Trainer, list_checkpoints
+from transformer.training.trainer import TrainConfig, Trainer, list_checkpoints
 
 from .test_trainer_distributed import pairs
 

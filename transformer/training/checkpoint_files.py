@@ -50,3 +50,23 @@ def list_checkpoints(directory: str | os.PathLike, resume_points: bool = False) 
 def list_resume_points(directory: str | os.PathLike) -> list[Path]:
     """The resume points in ``directory`` (normally none or one), oldest first."""
     return [p for p in list_checkpoints(directory, resume_points=True) if RESUME_POINT_PATTERN.search(p.name)]
+
+
+def prune(directory: str | os.PathLike, saved: Path, keep: int) -> None:
+    """After ``saved`` was written: every other resume point goes, and with ``keep`` (a checkpoint
+    on the grid was saved) all but the newest ``keep`` checkpoints."""
+    for old in list_resume_points(directory):
+        if old != saved:
+            old.unlink(missing_ok=True)
+    if keep:
+        for old in list_checkpoints(directory)[:-keep]:
+            old.unlink(missing_ok=True)
+
+
+def remove_unfinished_writes(directory: str | os.PathLike) -> None:
+    """The temporary files of checkpoint writes a kill cut short (``atomic``'s)."""
+    directory = Path(directory)
+    if directory.is_dir():
+        for stale in directory.glob(".checkpoint_*.tmp"):
+            stale.unlink(missing_ok=True)
+

@@ -15,71 +15,39 @@ import contextlib
 import math
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
+from ..checkpoint import init_weights, load_state, save_checkpoint
+from ..data import TokenStore
+from ..errors import CheckpointError, NonFiniteLossError, OutOfMemoryError  # noqa: F401  (API)
+from ..model import Transformer
+from ..precision import autocast, check_precision, default_device, resolve_precision
 from . import rng_states
-from .checkpoint import init_weights, load_state, save_checkpoint
+from .batching import Batch, DataPosition, TokenBatchSampler, collate, update_positions
+from .callback import TrainerCallback
 from .checkpoint_files import (  # noqa: F401  (API: the pipeline lists checkpoints through the trainer)
     CHECKPOINT_PATTERN,
     checkpoint_name,
     checkpoint_step,
     list_checkpoints,
     list_resume_points,
+    prune,
+    remove_unfinished_writes,
 )
-from .data import Batch, TokenBatchSampler, TokenStore, collate
-from .errors import CheckpointError, NonFiniteLossError, OutOfMemoryError  # noqa: F401  (API)
+from .evaluation import evaluate_loss
 from .loss import projected_label_smoothed_cross_entropy
-from .model import Transformer
-from .precision import autocast, check_precision, default_device, resolve_precision
 from .prefetch import Prefetcher
-from .resume import describe, differences, newest_checkpoint
-from .schedule import make_optimizer, make_scheduler, rates_agree
-from .stopping import StopVote, agree, stop_signals
+from .resume import describe, newest_checkpoint, settings_changes, training_fingerprint
+from .schedule import make_optimizer, make_scheduler
+from .stopping import StopVote, agree, rank_and_world_size, stop_signals
 from .train_config import TrainConfig
 from .train_log import LogWindow
 from .update_ledger import UpdateLedger
-
-# TrainConfig fields that may change between a checkpoint and its resumption. ``init_from`` is a
-# path: what counts is the file's content, its sha256 (``Trainer.fingerprint``'s "init"), so a moved
-# copy of the same file resumes and other bytes at the same path restart.
-RESUMABLE_CHANGES = {"max_steps", "cooldown_steps", "max_epochs", "max_minutes", "log_every", "validate_every",
-                     "checkpoint_every_steps", "checkpoint_every_minutes", "keep_checkpoints", "device",
-                     "compile", "nan_policy", "init_from"}
-
-
-class DataPosition(NamedTuple):
-    """An update's batches (``group``: index arrays; None at an epoch's end) and the data position
-    after it, which the loop takes on when it trains them (a checkpoint saves it)."""
-
-    group: list | None
-    epoch: int
-    batch_in_epoch: int
-
-
-class TrainerCallback:
-    """Hooks the pipeline uses to observe training; every method is optional."""
-
-    def on_train_start(self, trainer: Trainer) -> None: ...
-    def on_log(self, step: int, metrics: dict[str, float]) -> None: ...
-    def on_validate(self, step: int, metrics: dict[str, float]) -> None: ...
-    def on_checkpoint(self, step: int, path: Path) -> None: ...
-    def on_train_end(self, trainer: Trainer) -> None: ...
-    def checkpoint_state(self) -> dict[str, Any]:
-        """Extra (plain) values to store in each checkpoint, e.g. a tracking run id."""
-        return {}
-
-
-def _distributed() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 class Trainer:
@@ -101,7 +69,7 @@ class Trainer:
             raise ValueError("TrainConfig.device is cuda but no GPU is visible")
         check_precision(config.precision, self.device)
         self.precision = resolve_precision(config.precision, self.device)
-        self.rank, self.world_size = _distributed()
+        self.rank, self.world_size = rank_and_world_size()
         if self.device.type == "cuda" and self.world_size > 1:
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
             torch.cuda.set_device(self.device)
@@ -200,23 +168,11 @@ class Trainer:
         rng_states.restore(state, self.rank, self.world_size)   # this rank's own, when saved per rank
 
     def fingerprint(self) -> dict[str, Any]:
-        """What fixes the training trajectory: model and training settings, the data (the token
-        store's content, and the tokenizer's sha256 when given), and the starting weights when
-        fine-tuning (the sha256 of the ``init_from`` file).
-
-        Limits (max_steps, max_epochs, max_minutes), logging and checkpoint intervals are left
-        out: raising a limit and resuming gives the same result as training longer from scratch.
-        So is the cool-down (``cooldown_steps``, which moves with ``max_steps``): ``resume`` accepts a
-        checkpoint whose updates had the rates the new settings give them (``schedule.rates_agree``).
-        """
-        train = {k: v for k, v in asdict(self.config).items() if k not in RESUMABLE_CHANGES}
-        fingerprint = {"model": self.model.config.to_dict(), "train": train, "world_size": self.world_size,
-                       "data": f"{len(self.train_data)}:{self.data_sha256}"}
-        if self.tokenizer_sha256:
-            fingerprint["tokenizer"] = self.tokenizer_sha256
-        if self.init_sha256:   # absent for random weights: checkpoints from before init_from existed still match
-            fingerprint["init"] = self.init_sha256
-        return fingerprint
+        """What fixes the training trajectory (``resume.training_fingerprint``): model and training
+        settings, the token store's content, the tokenizer's and the ``init_from`` file's sha256."""
+        return training_fingerprint(self.model.config.to_dict(), asdict(self.config), self.world_size,
+                                    f"{len(self.train_data)}:{self.data_sha256}", self.tokenizer_sha256,
+                                    self.init_sha256)
 
     def resume(self, on_change: str = "error") -> dict[str, Any] | None:
         """Load the newest checkpoint of ``checkpoint_dir``, if any; returns its callback state.
@@ -229,20 +185,13 @@ class Trainer:
         """
         if self.checkpoint_dir is None:
             return None
-        if self.rank == 0 and self.checkpoint_dir.is_dir():  # writes a kill cut short (atomic_write's temp files)
-            for stale in self.checkpoint_dir.glob(".checkpoint_*.tmp"):
-                stale.unlink(missing_ok=True)
+        if self.rank == 0:
+            remove_unfinished_writes(self.checkpoint_dir)
         checkpoints = list_checkpoints(self.checkpoint_dir, resume_points=True)
         source, state = newest_checkpoint(checkpoints, self.fingerprint(), self.rank, self.world_size, self.device)
         if state is None:
             return None
-        changes = differences(state.get("fingerprint", {}), self.fingerprint())
-        # max_steps and cooldown_steps are resumable while the updates already made had the same rates.
-        saved = state.get("train_config", {})
-        old_cooldown = (saved.get("max_steps", 0), saved.get("cooldown_steps", 0))
-        new_cooldown = (self.config.max_steps, self.config.cooldown_steps)
-        if not rates_agree(state["step"], old_cooldown, new_cooldown):
-            changes["train.(max_steps, cooldown_steps)"] = (old_cooldown, new_cooldown)
+        changes = settings_changes(state, self.fingerprint(), asdict(self.config))
         if changes:
             described = describe(changes)
             if on_change != "restart":
@@ -278,12 +227,7 @@ class Trainer:
             return None
         path = self.checkpoint_path(self.step, resume_point)
         save_checkpoint(path, self.state_dict(rng_ranks))
-        for old in list_resume_points(self.checkpoint_dir):
-            if old != path:
-                old.unlink(missing_ok=True)
-        if not resume_point:
-            for old in list_checkpoints(self.checkpoint_dir)[:-self.config.keep_checkpoints]:
-                old.unlink(missing_ok=True)
+        prune(self.checkpoint_dir, path, 0 if resume_point else self.config.keep_checkpoints)
         for cb in self.callbacks:
             cb.on_checkpoint(self.step, path)
         return path
@@ -303,23 +247,6 @@ class Trainer:
     def _checkpoint_due(self, last_checkpoint: float) -> bool:
         minutes = self.config.checkpoint_every_minutes
         return bool(minutes and time.monotonic() - last_checkpoint >= 60 * minutes)
-
-    def _positions(self, epoch: int, batch_in_epoch: int) -> Iterator[DataPosition]:
-        """From the data position (``epoch``, ``batch_in_epoch``) on: each update's batches (index
-        arrays) with the position after it, and ``None`` at each epoch's end with the next epoch's
-        start. A pure function of the position, so a thread may run it ahead (``prefetch``)."""
-        update_freq = self.config.update_freq
-        while True:
-            batches = self.sampler.batches(epoch)
-            usable = len(batches) - len(batches) % update_freq
-            if not usable:   # batch counts vary a little from epoch to epoch: checked again here
-                self.sampler.require_updates(update_freq, epoch)
-            while batch_in_epoch < usable:
-                group = batches[batch_in_epoch:batch_in_epoch + update_freq]
-                batch_in_epoch += update_freq
-                yield DataPosition(group, epoch, batch_in_epoch)
-            epoch, batch_in_epoch = epoch + 1, 0
-            yield DataPosition(None, epoch, 0)   # epoch boundary
 
     def _collate(self, position: DataPosition) -> list[Batch] | None:
         """An update's batches, built off the training thread; pinned on CUDA (asynchronous copies)."""
@@ -366,7 +293,8 @@ class Trainer:
         self._read_ledger()
         handled = self.step   # the last step whose log, validation and checkpoint are done
         self.model.train()
-        updates = Prefetcher(self._positions(self.epoch, self.batch_in_epoch), self._collate, self.prefetch)
+        positions = update_positions(self.sampler, c.update_freq, self.epoch, self.batch_in_epoch)
+        updates = Prefetcher(positions, self._collate, self.prefetch)
         with stop_signals(self._request_stop), updates:
             # Agreed once before the first update as well: a budget already spent stops every rank.
             _, self.stop_agreed, _ = agree(0, self._stop_vote(started), self.world_size, self.device)
@@ -556,27 +484,9 @@ class Trainer:
             for cb in self.callbacks:
                 cb.on_log(self.step, metrics)
 
-    @torch.no_grad()
     def evaluate_loss(self, data: TokenStore) -> dict[str, float]:
-        """Mean label-smoothed loss, NLL and perplexity per target token on ``data``."""
-        c = self.config
-        self.model.eval()
-        sampler = TokenBatchSampler(data.lengths["src"], data.lengths["tgt"], c.max_tokens, shuffle=False,
-                                    max_positions=self.model.config.max_positions, pad_multiple=c.pad_multiple)
-        loss = nll = 0.0
-        tokens = 0
-        for idx in sampler.batches(0):
-            batch = collate(data, idx, c.pad_multiple).to(self.device)
-            with autocast(self.precision, self.device):
-                hidden = self.model(batch.src, batch.tgt_in, project=False)
-                out = projected_label_smoothed_cross_entropy(
-                    hidden, self.model.output.weight, batch.tgt_out, self.pad_id, c.label_smoothing)
-            loss += float(out.loss)
-            nll += float(out.nll)
-            tokens += int(out.n_tokens)
-        self.model.train()
-        tokens = max(tokens, 1)
-        return {"valid/loss": loss / tokens, "valid/nll": nll / tokens, "valid/ppl": math.exp(min(nll / tokens, 50.0))}
+        """Mean label-smoothed loss, NLL and perplexity per target token on ``data`` (``evaluation``)."""
+        return evaluate_loss(self.model, data, self.config, self.precision, self.device)
 
     def _validate(self) -> None:
         if self.valid_data is None or self.rank != 0:

@@ -1,4 +1,4 @@
-"""transformer/trainer.py's ends in one process: the ``max_minutes`` clock before the training's
+"""transformer/training/trainer.py's ends in one process: the ``max_minutes`` clock before the training's
 length stops at a resume point (resumed with a larger budget: the weights of an uninterrupted run),
 the clock as the only limit is the training's end, an epoch that yields no update is one clear
 error, and the pairs the sampler skips are reported."""
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from transformer.data import write_token_store
-from transformer.trainer import Trainer, TrainerCallback, list_checkpoints
+from transformer.training.trainer import Trainer, TrainerCallback, list_checkpoints
 
-from .conftest import tiny_model
+from ..conftest import tiny_model
 from .test_trainer import Recorder, config, random_pairs
 
 pytestmark = pytest.mark.fast

@@ -1,4 +1,4 @@
-"""transformer/trainer.py: learning, exact resume in a fresh process, checkpoints, limits."""
+"""transformer/training/trainer.py: learning, exact resume in a fresh process, checkpoints, limits."""
 
 import collections
 import contextlib
@@ -16,14 +16,15 @@ import numpy as np
 import pytest
 import torch
 
-import transformer.trainer as trainer_module
+import transformer.training.trainer as trainer_module
 from transformer.checkpoint import CheckpointError, load_checkpoint, model_checkpoint, save_checkpoint
-from transformer.data import TokenBatchSampler, collate, write_token_store
-from transformer.loss import label_smoothed_cross_entropy
-from transformer.schedule import inverse_sqrt_lr
+from transformer.data import write_token_store
 from transformer.search import greedy_search
 from transformer.tokens import BOS_ID, PAD_ID
-from transformer.trainer import (
+from transformer.training.batching import TokenBatchSampler, collate
+from transformer.training.loss import label_smoothed_cross_entropy
+from transformer.training.schedule import inverse_sqrt_lr
+from transformer.training.trainer import (
     NonFiniteLossError,
     OutOfMemoryError,
     TrainConfig,
@@ -32,11 +33,11 @@ from transformer.trainer import (
     list_checkpoints,
 )
 
-from .conftest import pad_batch, tiny_model
+from ..conftest import pad_batch, tiny_model
 
 pytestmark = pytest.mark.fast
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 HELPER = Path(__file__).resolve().with_name("trainer_run.py")
 
 

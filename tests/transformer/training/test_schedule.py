@@ -1,9 +1,9 @@
-"""transformer/schedule.py: the learning rate of eq. 3 and Adam with the paper's betas (§5.3)."""
+"""transformer/training/schedule.py: the learning rate of eq. 3 and Adam with the paper's betas (§5.3)."""
 
 import pytest
 import torch
 
-from transformer.schedule import (
+from transformer.training.schedule import (
     cooldown_factor,
     inverse_sqrt_lr,
     learning_rate,

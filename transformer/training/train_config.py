@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .errors import NonFiniteLossError, OutOfMemoryError  # noqa: F401  (API: a training stops with them)
-from .precision import PRECISIONS
+from ..errors import NonFiniteLossError, OutOfMemoryError  # noqa: F401  (API: a training stops with them)
+from ..precision import PRECISIONS
 
 
 @dataclass(frozen=True)
