@@ -55,10 +55,10 @@ from pipeline.serving.export import build_spec, export_ctranslate2, sentencepiec
 from pipeline.serving.translator import Translator
 from transformer.checkpoint import load_model
 from transformer.config import build_config
-from transformer.data import write_token_store
 from transformer.model import Transformer
 from transformer.tokenizer import Tokenizer, train_tokenizer
 from transformer.tokens import EOS_ID
+from transformer.training.token_store import write_token_store
 from transformer.training.trainer import TrainConfig, Trainer
 
 # The Multi30k mirror: DATA_MIRROR, else ../shared/data/multi30k beside the repository.

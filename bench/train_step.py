@@ -57,7 +57,7 @@ def synthetic_store(path: Path, vocab: int, n_pairs: int = 6000, seed: int = 0, 
     +- 5; WMT14: about 27), target 1.1 +- 0.15 times the source."""
     import numpy as np
 
-    from transformer.data import write_token_store
+    from transformer.training.token_store import write_token_store
 
     rng = np.random.default_rng(seed)
     scale = mean_len / 14.0
@@ -89,8 +89,8 @@ def _train(rank: int, args: argparse.Namespace, init_method: str) -> None:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=args.processes)
     from transformer.config import ModelConfig
-    from transformer.data import TokenStore
     from transformer.model import Transformer
+    from transformer.training.token_store import TokenStore
     try:
         from transformer.training.trainer import TrainConfig, Trainer, TrainerCallback
     except ModuleNotFoundError:   # a checkout from before transformer/training/ (dc0e5c2's, for --against)
@@ -177,7 +177,7 @@ def main() -> None:
     args.max_tokens = args.max_tokens or shape.max_tokens
     with tempfile.TemporaryDirectory() as tmp:
         store = args.token_store or synthetic_store(Path(tmp) / "store", shape.vocab, mean_len=shape.mean_len)
-        from transformer.data import TokenStore
+        from transformer.training.token_store import TokenStore
         vocab = TokenStore(store).vocab_size
         if args.preset == "default":   # params.yaml's model as make run builds it, on the store's vocabulary
             from pipeline.config.params import load_params

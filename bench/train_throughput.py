@@ -60,11 +60,11 @@ import torch
 from torch import nn
 
 from transformer import PAD_ID, Transformer, build_config
-from transformer.data import TokenStore
 from transformer.precision import autocast, resolve_precision
 from transformer.training.batching import Batch, TokenBatchSampler, collate
 from transformer.training.loss import LossOutput, label_smoothed_cross_entropy, projected_label_smoothed_cross_entropy
 from transformer.training.schedule import make_optimizer, make_scheduler
+from transformer.training.token_store import TokenStore
 
 PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
 

@@ -7,7 +7,6 @@ vocabulary; SentencePiece BPE trained on both sides gives exactly that.
 from __future__ import annotations
 
 import io
-import itertools
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -15,7 +14,6 @@ from pathlib import Path
 import sentencepiece as spm
 
 from .atomic import write_bytes
-from .data import TokenStore, TokenStoreWriter
 from .tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 
@@ -81,26 +79,3 @@ def open_tokenizer(model_file: str | os.PathLike) -> Tokenizer:
     except (OSError, RuntimeError, ValueError) as err:
         first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
         raise ValueError(f"{model_file} is not a usable SentencePiece model: {first}") from None
-
-
-def encode_to_store(tokenizer: Tokenizer, src: Iterable[str], tgt: Iterable[str], path: str | os.PathLike,
-                    chunk_pairs: int = 20_000, num_threads: int = -1) -> TokenStore:
-    """Encode aligned source and target lines into a ``TokenStore`` at ``path``, ``chunk_pairs`` at
-    a time with SentencePiece's multithreaded encoder: memory holds one chunk, never a corpus.
-    Raises ``ValueError`` if one side has more lines than the other (nothing is published)."""
-    writer = TokenStoreWriter(path, tokenizer.vocab_size)
-    try:
-        src_it, tgt_it = iter(src), iter(tgt)
-        while True:
-            a = list(itertools.islice(src_it, chunk_pairs))
-            b = list(itertools.islice(tgt_it, len(a) if a else 1))
-            if len(a) != len(b):
-                raise ValueError(f"the source side has {'more' if len(a) > len(b) else 'fewer'} "
-                                 "lines than the target side")
-            if not a:
-                break
-            writer.add_many(tokenizer.encode(a, num_threads), tokenizer.encode(b, num_threads))
-        return writer.close()
-    except BaseException:
-        writer.abort()
-        raise

@@ -28,10 +28,10 @@ from torch.profiler import ProfilerActivity, profile
 
 from bench.train_throughput import SHAPES, Work, _sync, prepare, store_batches
 from transformer import PAD_ID, Transformer, build_config
-from transformer.data import TokenStore
 from transformer.precision import autocast
 from transformer.training.loss import projected_label_smoothed_cross_entropy
 from transformer.training.schedule import make_optimizer
+from transformer.training.token_store import TokenStore
 
 
 def step(model: torch.nn.Module, opt: torch.optim.Optimizer, w: Work, device: torch.device,

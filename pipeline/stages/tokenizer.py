@@ -23,7 +23,8 @@ from pipeline.config.tokenizer import TokenizerParams
 from pipeline.data.spec import DataError
 from pipeline.stages.runner import run_stage
 from transformer.atomic import write_bytes, write_json
-from transformer.tokenizer import Tokenizer, encode_to_store, open_tokenizer, train_tokenizer
+from transformer.tokenizer import Tokenizer, open_tokenizer, train_tokenizer
+from transformer.training.token_store import encode_to_store
 
 
 def reuse_tokenizer(source: Path, target: Path, vocab_size: int) -> Tokenizer:

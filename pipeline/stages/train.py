@@ -69,8 +69,8 @@ from pipeline.figures.curves import CurveWriter
 from pipeline.stages import launch
 from pipeline.stages.runner import run_stage
 from transformer.atomic import file_sha256, write_json
-from transformer.data import TokenStore
 from transformer.model import Transformer
+from transformer.training.token_store import TokenStore
 from transformer.training.trainer import Trainer, TrainerCallback, list_checkpoints
 
 if TYPE_CHECKING:

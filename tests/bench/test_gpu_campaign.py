@@ -17,7 +17,7 @@ import yaml
 from bench.gpu import recipes
 from pipeline.config.params import load_params
 from tests.bench import ROOT, run_bench
-from transformer.data import write_token_store
+from transformer.training.token_store import write_token_store
 
 pytestmark = pytest.mark.slow
 

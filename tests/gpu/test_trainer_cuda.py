@@ -17,9 +17,9 @@ from tests.transformer.conftest import tiny_model
 from tests.transformer.training.test_trainer import WeightsAtLog, config, random_pairs
 from transformer.checkpoint import load_checkpoint
 from transformer.config import build_config
-from transformer.data import write_token_store
 from transformer.model import Transformer
 from transformer.training.schedule import inverse_sqrt_lr
+from transformer.training.token_store import write_token_store
 from transformer.training.trainer import Trainer
 
 pytestmark = [requires_cuda, pytest.mark.fast]

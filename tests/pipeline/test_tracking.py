@@ -21,9 +21,9 @@ from pipeline.serving.translator import Translator
 from pipeline.tracking import buffer, callback
 from transformer.checkpoint import load_model
 from transformer.config import build_config
-from transformer.data import write_token_store
 from transformer.model import Transformer
 from transformer.tokenizer import Tokenizer
+from transformer.training.token_store import write_token_store
 from transformer.training.trainer import TrainConfig, Trainer, TrainerCallback
 
 from .conftest import BIN

@@ -20,8 +20,8 @@ import torch
 from pipeline.figures.curves import CurveWriter
 from transformer.checkpoint import average_checkpoints, save_checkpoint
 from transformer.config import build_config
-from transformer.data import TokenStore, write_token_store
 from transformer.model import Transformer
+from transformer.training.token_store import TokenStore, write_token_store
 from transformer.training.trainer import TrainConfig, Trainer, TrainerCallback, list_checkpoints
 
 pytestmark = pytest.mark.training

@@ -32,8 +32,8 @@ import torch
 import yaml
 
 from transformer.checkpoint import load_checkpoint
-from transformer.data import write_token_store
 from transformer.training.batching import TokenBatchSampler
+from transformer.training.token_store import write_token_store
 from transformer.training.trainer import list_checkpoints
 
 from ..fakes import params_with

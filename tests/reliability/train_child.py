@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from transformer.config import build_config
-from transformer.data import TokenStore
 from transformer.model import Transformer
+from transformer.training.token_store import TokenStore
 from transformer.training.trainer import TrainConfig, Trainer, TrainerCallback, list_checkpoints
 
 VOCAB = 40

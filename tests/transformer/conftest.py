@@ -47,7 +47,7 @@ def copy_task(tmp_path_factory) -> CopyTask:
 
     import numpy as np
 
-    from transformer.data import write_token_store
+    from transformer.training.token_store import write_token_store
     from transformer.training.trainer import TrainConfig, Trainer
 
     threads = torch.get_num_threads()

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..data import TokenStore
 from ..tokens import BOS_ID, EOS_ID, PAD_ID
+from .token_store import TokenStore
 
 
 @dataclass

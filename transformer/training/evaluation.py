@@ -6,11 +6,11 @@ import math
 
 import torch
 
-from ..data import TokenStore
 from ..model import Transformer
 from ..precision import autocast
 from .batching import TokenBatchSampler, collate
 from .loss import projected_label_smoothed_cross_entropy
+from .token_store import TokenStore
 from .train_config import TrainConfig
 
 

@@ -23,7 +23,6 @@ import torch
 from torch import nn
 
 from ..checkpoint import init_weights, load_state, save_checkpoint
-from ..data import TokenStore
 from ..errors import CheckpointError, NonFiniteLossError, OutOfMemoryError  # noqa: F401  (API)
 from ..model import Transformer
 from ..precision import autocast, check_precision, default_device, resolve_precision
@@ -45,6 +44,7 @@ from .prefetch import Prefetcher
 from .resume import describe, newest_checkpoint, settings_changes, training_fingerprint
 from .schedule import make_optimizer, make_scheduler
 from .stopping import StopVote, agree, rank_and_world_size, stop_signals
+from .token_store import TokenStore
 from .train_config import TrainConfig
 from .train_log import LogWindow
 from .update_ledger import UpdateLedger

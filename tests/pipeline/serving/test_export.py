@@ -26,11 +26,11 @@ from pipeline.serving.decoding import DecodingConfig
 from pipeline.serving.export import TOKENIZER_NAME, export_ctranslate2, main, sentencepiece_vocabulary
 from transformer.checkpoint import CheckpointError, model_checkpoint, save_checkpoint
 from transformer.config import build_config
-from transformer.data import write_token_store
 from transformer.model import Transformer
 from transformer.search import beam_search, greedy_search
 from transformer.tokenizer import open_tokenizer, train_tokenizer
 from transformer.tokens import BOS_ID, EOS_ID, PAD_ID
+from transformer.training.token_store import write_token_store
 from transformer.training.trainer import TrainConfig, Trainer
 
 pytestmark = pytest.mark.fast

@@ -34,7 +34,8 @@ from pipeline.tracking.tags import run_tags
 from transformer.checkpoint import model_checkpoint, save_checkpoint
 from transformer.config import build_config
 from transformer.model import Transformer
-from transformer.tokenizer import encode_to_store, train_tokenizer
+from transformer.tokenizer import train_tokenizer
+from transformer.training.token_store import encode_to_store
 from transformer.training.trainer import TrainConfig, Trainer
 
 from ..conftest import MIRROR, REPO

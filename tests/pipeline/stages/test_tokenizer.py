@@ -5,8 +5,8 @@ import json
 import pytest
 import sentencepiece as spm
 
-from transformer.data import TokenStore
 from transformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from transformer.training.token_store import TokenStore
 
 pytestmark = pytest.mark.fast
 

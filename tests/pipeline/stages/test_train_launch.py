@@ -28,7 +28,8 @@ pytestmark = pytest.mark.fast
 
 REPO = Path(__file__).resolve().parents[3]
 STEPS = 24
-# Dropout 0: the ranks draw other random bits than one process would (tests/transformer/training/test_trainer_distributed.py).
+# Dropout 0: the ranks draw other random bits than one process would
+# (tests/transformer/training/test_trainer_distributed.py).
 LAUNCH = {"model": {"preset": "tiny", "dropout": 0.0},
           "train": {**TINY["train"], "max_steps": STEPS, "max_tokens": 1024, "update_freq": 1,
                     "checkpoint_every_steps": 8, "keep_checkpoints": 3, "log_every": 8, "validate_every": STEPS,

@@ -16,9 +16,9 @@ from pipeline.tracking.links import LINK_CHECKPOINT
 from pipeline.tracking.records import train as train_record
 from transformer.atomic import file_sha256
 from transformer.config import build_config
-from transformer.data import write_token_store
 from transformer.model import Transformer
 from transformer.training.checkpoint_files import list_checkpoints
+from transformer.training.token_store import write_token_store
 from transformer.training.trainer import TrainConfig, Trainer
 
 pytestmark = pytest.mark.slow   # a training and three SQLite stores made from scratch: ~20 s on 2 cores

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-from transformer.data import write_token_store
 from transformer.tokens import BOS_ID, EOS_ID, PAD_ID
 from transformer.training.batching import Batch, DataPosition, TokenBatchSampler, collate, update_positions
+from transformer.training.token_store import write_token_store
 
-from ..test_data import random_pairs
+from .test_token_store import random_pairs
 
 pytestmark = pytest.mark.fast
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from transformer.config import build_config
-from transformer.data import TokenStore, write_token_store
 from transformer.model import Transformer
 from transformer.training import rng_states
+from transformer.training.token_store import TokenStore, write_token_store
 from transformer.training.trainer import TrainConfig, Trainer
 
 from .test_trainer_distributed import pairs

@@ -18,12 +18,12 @@ import torch
 
 import transformer.training.trainer as trainer_module
 from transformer.checkpoint import CheckpointError, load_checkpoint, model_checkpoint, save_checkpoint
-from transformer.data import write_token_store
 from transformer.search import greedy_search
 from transformer.tokens import BOS_ID, PAD_ID
 from transformer.training.batching import TokenBatchSampler, collate
 from transformer.training.loss import label_smoothed_cross_entropy
 from transformer.training.schedule import inverse_sqrt_lr
+from transformer.training.token_store import write_token_store
 from transformer.training.trainer import (
     NonFiniteLossError,
     OutOfMemoryError,

@@ -9,8 +9,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from transformer.config import build_config
-from transformer.data import write_token_store
 from transformer.model import Transformer
+from transformer.training.token_store import write_token_store
 from transformer.training.trainer import TrainConfig, Trainer
 
 pytestmark = pytest.mark.training
@@ -31,7 +31,7 @@ def pairs():
 def train(store_dir: str, world_size: int, update_freq: int, out: str) -> None:
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    from transformer.data import TokenStore
+    from transformer.training.token_store import TokenStore
     model = Transformer(build_config("tiny", 40, dropout=0.0))  # no dropout: ranks draw other random bits
     config = TrainConfig(max_steps=STEPS, max_tokens=48, update_freq=update_freq, warmup_steps=2,
                          checkpoint_every_steps=0, precision="fp32", device="cpu", seed=5)

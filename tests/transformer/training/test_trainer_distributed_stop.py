@@ -20,8 +20,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from transformer.config import build_config
-from transformer.data import TokenStore, write_token_store
 from transformer.model import Transformer
+from transformer.training.token_store import TokenStore, write_token_store
 from transformer.training.trainer import TrainConfig, Trainer, list_checkpoints
 
 from .test_trainer_distributed import pairs

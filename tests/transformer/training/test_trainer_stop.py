@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from transformer.data import write_token_store
+from transformer.training.token_store import write_token_store
 from transformer.training.trainer import Trainer, TrainerCallback, list_checkpoints
 
 from ..conftest import tiny_model

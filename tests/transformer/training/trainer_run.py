@@ -13,8 +13,8 @@ import sys
 import torch
 
 from transformer.config import build_config
-from transformer.data import TokenStore
 from transformer.model import Transformer
+from transformer.training.token_store import TokenStore
 from transformer.training.trainer import TrainConfig, Trainer
 
 VOCAB = 30

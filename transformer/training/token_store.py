@@ -2,7 +2,8 @@
 
 A ``TokenStore`` is a folder of numpy arrays (flat token ids plus offsets per side),
 read through memory maps so that corpora of millions of pairs (WMT14) stream from disk
-without Python lists. Batching them by token count is training's (``transformer.training.batching``).
+without Python lists; ``encode_to_store`` writes one from text with a ``Tokenizer``. Batching them by
+token count is ``batching``'s.
 """
 
 from __future__ import annotations
@@ -16,10 +17,14 @@ import shutil
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .atomic import file_sha256, fsync_files, replace_dir, umask_mode
+from ..atomic import file_sha256, fsync_files, replace_dir, umask_mode
+
+if TYPE_CHECKING:
+    from ..tokenizer import Tokenizer
 
 SIDES = ("src", "tgt")
 
@@ -140,3 +145,26 @@ class TokenStore:
         for name in ("meta.json", *(f"{side}.{part}.npy" for side in SIDES for part in ("offsets", "tokens"))):
             digest.update(f"{name}\0{file_sha256(self.path / name)}\n".encode())
         return digest.hexdigest()
+
+
+def encode_to_store(tokenizer: Tokenizer, src: Iterable[str], tgt: Iterable[str], path: str | os.PathLike,
+                    chunk_pairs: int = 20_000, num_threads: int = -1) -> TokenStore:
+    """Encode aligned source and target lines into a ``TokenStore`` at ``path``, ``chunk_pairs`` at
+    a time with SentencePiece's multithreaded encoder: memory holds one chunk, never a corpus.
+    Raises ``ValueError`` if one side has more lines than the other (nothing is published)."""
+    writer = TokenStoreWriter(path, tokenizer.vocab_size)
+    try:
+        src_it, tgt_it = iter(src), iter(tgt)
+        while True:
+            a = list(itertools.islice(src_it, chunk_pairs))
+            b = list(itertools.islice(tgt_it, len(a) if a else 1))
+            if len(a) != len(b):
+                raise ValueError(f"the source side has {'more' if len(a) > len(b) else 'fewer'} "
+                                 "lines than the target side")
+            if not a:
+                break
+            writer.add_many(tokenizer.encode(a, num_threads), tokenizer.encode(b, num_threads))
+        return writer.close()
+    except BaseException:
+        writer.abort()
+        raise

@@ -1,9 +1,9 @@
-"""transformer/data.py: the token store (§5.1's corpora on disk)."""
+"""transformer/training/token_store.py: the token store (§5.1's corpora on disk)."""
 
 import numpy as np
 import pytest
 
-from transformer.data import TokenStore, write_token_store
+from transformer.training.token_store import TokenStore, write_token_store
 
 pytestmark = pytest.mark.fast
 
