@@ -234,6 +234,41 @@ def test_the_model_imports_nothing_of_its_training():
     assert "transformer.training.trainer" in graph
 
 
+# ``pipeline/``'s folders, those that run things first (DESIGN.md): a module imports only its own
+# folder and the folders after its own. A helper two folders share lives in the lower one.
+FOLDER_ORDER = ("workers", "flows", "experiments", "stages", "figures", "serving", "tracking", "scoring",
+                "config", "data", "stack")
+# Imports against the order not yet removed, each with what removes it (#61); none may be added.
+AGAINST_THE_ORDER = {
+    ("pipeline.config.decoding_sections", "pipeline.serving.decoding"):
+        "the decoding settings (DecodingConfig, a pydantic model) in config/, the parsing of a request in serving/",
+    ("pipeline.tracking.records.evaluate", "pipeline.serving.model_logging"):
+        "the pyfunc model format and the unsent queue (its records) each in a package of its own, above both",
+}
+
+
+def pipeline_folder(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "pipeline" and len(parts) > 1 else None
+
+
+def test_pipeline_folders_import_only_the_folders_after_their_own():
+    graph = import_graph()
+    folders = {d.name for d in (REPO / "pipeline").iterdir() if (d / "__init__.py").is_file()}
+    assert folders == set(FOLDER_ORDER), f"pipeline/ has folders {sorted(folders)}; FOLDER_ORDER {FOLDER_ORDER}"
+    rank = {folder: i for i, folder in enumerate(FOLDER_ORDER)}
+    against = set()
+    for name, targets in graph.items():
+        own = pipeline_folder(name)
+        for target in targets:
+            theirs = pipeline_folder(target)
+            if own and theirs and rank[theirs] < rank[own]:
+                against.add((name, target))
+    unlisted = against - set(AGAINST_THE_ORDER)
+    assert not unlisted, f"imports against pipeline/'s folder order (FOLDER_ORDER): {sorted(unlisted)}"
+    assert against == set(AGAINST_THE_ORDER), f"gone, strike from AGAINST_THE_ORDER: {set(AGAINST_THE_ORDER) - against}"
+
+
 def rewrite_dvc_yaml() -> None:
     """Replace each stage's code deps in ``dvc.yaml`` by its import closure, in place, keeping the
     other deps, the comments and the order of everything else."""

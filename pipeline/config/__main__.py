@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from pipeline.config.errors import ParamsError, exit_2_on
 from pipeline.config.loader import PARAMS
 from pipeline.config.params import check
-from pipeline.stages.runner import run_stage
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -21,4 +21,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    run_stage(main)
+    exit_2_on((ParamsError,), main)

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from pipeline.config.errors import ParamsError
+from pipeline.config.errors import ParamsError, exit_2_on
 from pipeline.config.loader import PARAMS, SECTION_NAMES, read_params
 from pipeline.config.overrides import dvc_executable, set_param
 from pipeline.config.params import check
@@ -87,6 +87,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from pipeline.stages.runner import run_stage
-
-    run_stage(main)
+    exit_2_on((ParamsError,), main)

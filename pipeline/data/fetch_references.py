@@ -8,9 +8,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.config import paths
 from pipeline.data.fetch import fetch_file
-from pipeline.data.references import MANIFEST, MULTI30K_TOK_SPEC, REFERENCES_DIR, reference_file
+from pipeline.data.references import MANIFEST, MULTI30K_TOK_SPEC, reference_file
 from pipeline.data.spec import DataError
 from transformer.atomic import atomic_dir, fsync_files
 
@@ -18,11 +17,11 @@ if TYPE_CHECKING:  # the type only: nothing here needs the params schema at run 
     from pipeline.config.data import DataParams
 
 
-def write_references(data: DataParams, out_dir: Path = REFERENCES_DIR, cache_dir: Path = paths.DOWNLOAD_CACHE, *,
+def write_references(data: DataParams, out_dir: Path, cache_dir: Path, *,
                      checksums_file: Path | None = None) -> dict[str, Any]:
     """Fetch and verify the tokenized references of ``data.valid_set`` and ``data.test_sets`` in
-    ``data.tgt_lang`` and write them as ``<split>.<tgt_lang>`` with ``manifest.json`` into ``out_dir``
-    (replaced whole, only once everything succeeded). Returns the manifest."""
+    ``data.tgt_lang`` (downloads kept in ``cache_dir``) and write them as ``<split>.<tgt_lang>`` with
+    ``manifest.json`` into ``out_dir`` (replaced whole, only once everything succeeded). Returns the manifest."""
     mirror = data.resolved_mirror()
     sets: dict[str, dict[str, Any]] = {}
     texts: dict[str, bytes] = {}

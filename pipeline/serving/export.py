@@ -40,7 +40,7 @@ from ctranslate2.specs import common_spec, model_spec, transformer_spec
 from torch import nn
 
 from pipeline.config import paths
-from pipeline.stages.runner import run_stage
+from pipeline.config.errors import exit_2_on
 from transformer.attention import MultiHeadAttention
 from transformer.checkpoint import CheckpointError, load_model
 from transformer.layers import ACTIVATIONS
@@ -187,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         out = export_ctranslate2(load_model(args.model), args.tokenizer, args.output, args.quantization)
         print(f"exported {args.model} to {out} (CTranslate2, weights {args.quantization})")
 
-    run_stage(run)
+    exit_2_on((CheckpointError,), run)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ that a new reference file never reruns the tokenizer and training. A data proble
 
 from __future__ import annotations
 
+from pipeline.config import paths
 from pipeline.config.data import DataParams
 from pipeline.config.loader import load_sections
 from pipeline.data.fetch_references import write_references
@@ -21,7 +22,7 @@ from pipeline.stages.runner import run_stage
 
 def main() -> None:
     data = load_sections(DataParams).data
-    manifest = write_references(data)
+    manifest = write_references(data, REFERENCES_DIR, paths.DOWNLOAD_CACHE)
     sets = ", ".join(manifest["sets"]) or f"none ({data.dataset} publishes no tokenized references)"
     print(f"literature references ({data.tgt_lang}) -> {REFERENCES_DIR}/: {sets}")
 

@@ -7,24 +7,19 @@ raises them), so that no stage depends on code it does not run."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 
-from pipeline.config.errors import ParamsError
+from pipeline.config.errors import ParamsError, exit_2_on
 from pipeline.data.spec import DataError
 from transformer.errors import CheckpointError, NonFiniteLossError, OutOfMemoryError  # no model code
+
+USER_ERRORS = (ParamsError, DataError, CheckpointError, OutOfMemoryError, NonFiniteLossError)
 
 
 def run_stage(main: Callable[[], None]) -> None:
     """Run a stage's ``main``; a user error (bad params, bad data, unusable checkpoint) prints
-    one line and exits 2, without a traceback."""
+    one line and exits 2, without a traceback (``exit_2_on``)."""
     from pipeline.stages.parent_death import signal_when_parent_dies
 
     signal_when_parent_dies()   # DVC gone (its flow run killed): SIGTERM, not an orphan stage
-    try:
-        main()
-    except (ParamsError, DataError, CheckpointError, OutOfMemoryError, NonFiniteLossError) as err:
-        message = "; ".join(line.strip() for line in str(err).splitlines() if line.strip())  # one line, always
-        message = message.replace("TrainConfig.", "train.")   # the package's field names, as params.yaml keys
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
+    exit_2_on(USER_ERRORS, main)
