@@ -45,10 +45,10 @@ import ctranslate2
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from pipeline.config.decoding import COMPUTE_TYPES, STOPPING, DecodingConfig
 from pipeline.config.errors import ParamsError
 from pipeline.config.loader import PARAMS
 from pipeline.serving.ct2_translator import load_ct2_translator
-from pipeline.serving.decoding import COMPUTE_TYPES, STOPPING, DecodingConfig
 from pipeline.serving.export import export_ctranslate2
 from pipeline.serving.translate import decoding_defaults
 from pipeline.serving.translator import Translator

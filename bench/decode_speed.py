@@ -50,7 +50,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from pipeline.serving.decoding import DecodingConfig
+from pipeline.config.decoding import DecodingConfig
 from pipeline.serving.export import build_spec, export_ctranslate2, sentencepiece_vocabulary
 from pipeline.serving.translator import Translator
 from transformer.checkpoint import load_model

@@ -240,8 +240,6 @@ FOLDER_ORDER = ("workers", "flows", "experiments", "stages", "figures", "serving
                 "config", "data", "stack")
 # Imports against the order not yet removed, each with what removes it (#61); none may be added.
 AGAINST_THE_ORDER = {
-    ("pipeline.config.decoding_sections", "pipeline.serving.decoding"):
-        "the decoding settings (DecodingConfig, a pydantic model) in config/, the parsing of a request in serving/",
     ("pipeline.tracking.records.evaluate", "pipeline.serving.model_logging"):
         "the pyfunc model format and the unsent queue (its records) each in a package of its own, above both",
 }

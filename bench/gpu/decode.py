@@ -25,8 +25,8 @@ import sacrebleu
 import torch
 import yaml
 
+from pipeline.config.decoding import DecodingConfig
 from pipeline.data.text_files import read_lines
-from pipeline.serving.decoding import DecodingConfig
 from pipeline.serving.translator import load_translator
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from pipeline.config.average import AverageParams
 from pipeline.config.data import DataParams
-from pipeline.config.decoding_sections import EvaluateParams, TuneParams
+from pipeline.config.decoding import EvaluateParams, TuneParams
 from pipeline.config.errors import ParamsError
 from pipeline.config.flows import FlowsParams
 from pipeline.config.loader import PARAMS, Sections, load_sections, read_params

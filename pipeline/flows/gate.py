@@ -274,7 +274,7 @@ def translate_with_version(client: MlflowClient, name: str, version: str, source
     decode with torch); ``max_len_b``, ``batch_sentences`` and ``precision`` are the caller's, as the
     challenger's. Returns the translations by set and the tuned settings used (``TUNED``: the engine
     that decoded)."""
-    from pipeline.serving.decoding import TUNED
+    from pipeline.config.decoding import TUNED
     from pipeline.serving.engine import load_engine_translator
     from pipeline.serving.registered import SettingsNotRecorded, mlmodel_settings
 

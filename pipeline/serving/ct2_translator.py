@@ -2,7 +2,7 @@
 ``pipeline.serving.translator.Translator`` (``translate``, ``translate_ids``) over
 ``ctranslate2.Translator.translate_batch`` (beam search, §6.1, in CTranslate2's C++ steps).
 
-Our decoding settings mapped onto CTranslate2's (``pipeline.serving.decoding.DecodingConfig`` says
+Our decoding settings mapped onto CTranslate2's (``pipeline.config.decoding.DecodingConfig`` says
 what each means for each engine): the sources are cut to the model's positions as ours are; one call
 decodes the sentences whose length limit (source + max_len_b, ours per sentence) rounds up to the
 same multiple of ``LIMIT_BUCKET`` in one asynchronous call with that rounded limit as its
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.serving.decoding import DecodingConfig
+from pipeline.config.decoding import DecodingConfig
 from transformer.tokenizer import Tokenizer, open_tokenizer
 from transformer.tokens import BOS_ID, PAD_ID
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
+from pipeline.config.decoding import DecodingConfig
 from pipeline.serving.ct2_translator import CT2Translator, EngineUnavailable, load_ct2_translator
-from pipeline.serving.decoding import DecodingConfig
 from pipeline.serving.translator import Translator, load_translator
 from transformer.checkpoint import load_checkpoint, require_model_entries
 from transformer.config import ModelConfig

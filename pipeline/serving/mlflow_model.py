@@ -37,7 +37,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
 if TYPE_CHECKING:
-    from pipeline.serving.decoding import DecodingConfig
+    from pipeline.config.decoding import DecodingConfig
 
 CT2_ARTIFACT = "ctranslate2"   # the artifact (and its folder's name in the version) of the CTranslate2 model
 MAX_CHARS = 1000        # characters per sentence: refused before tokenizing (Multi30k's longest is ~300)
@@ -82,7 +82,7 @@ class TranslatorModel(mlflow.pyfunc.PythonModel):
     (``pipeline.serving.translator.Translator``) or CTranslate2's (``CT2Translator``)."""
 
     def load_context(self, context: Any) -> None:
-        from pipeline.serving.decoding import DecodingConfig
+        from pipeline.config.decoding import DecodingConfig
         from pipeline.serving.engine import load_engine_translator
         from pipeline.serving.registered import SettingsNotRecorded, registered_settings
 

@@ -23,7 +23,7 @@ from pipeline.serving.mlflow_model import CT2_ARTIFACT, TranslatorModel
 PIP_REQUIREMENTS_OF = ("torch", "numpy", "sentencepiece", "pandas", "mlflow")
 
 if TYPE_CHECKING:
-    from pipeline.serving.decoding import DecodingConfig
+    from pipeline.config.decoding import DecodingConfig
 
 
 def _pins(engine: str = "torch") -> list[str]:
@@ -40,7 +40,7 @@ def _run_decoding(run_id: str, chosen: Mapping[str, Any]) -> tuple[DecodingConfi
     the run's ``evaluate.*`` params (the paper's defaults where the run has none); and where each
     tuned one came from (``chosen``'s ``<key>_from``, else the evaluate stage's ``decoding.<key>_from``
     tags, else ``params``)."""
-    from pipeline.serving.decoding import TUNED, DecodingConfig
+    from pipeline.config.decoding import TUNED, DecodingConfig
     from pipeline.tracking.store import client
 
     run = client().get_run(run_id)

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from pipeline.serving.decoding import LEGACY, RULES, DecodingConfig, typed
+from pipeline.config.decoding import LEGACY, RULES, DecodingConfig, typed
 
 
 class SettingsNotRecorded(ValueError):

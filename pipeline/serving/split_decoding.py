@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.config import paths
+from pipeline.config.decoding import RULES, DecodingConfig
 from pipeline.config.errors import ParamsError
-from pipeline.serving.decoding import RULES, DecodingConfig
 from pipeline.serving.engine import AnyTranslator, load_engine_translator
 from transformer.checkpoint import load_checkpoint
 

@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import paths
+from pipeline.config.decoding import RULES, TUNED, DecodingConfig
 from pipeline.config.errors import ParamsError, TuneReportMissing
 from pipeline.config.loader import PARAMS
 from pipeline.config.params import load_params
-from pipeline.serving.decoding import RULES, TUNE_REPORT, TUNED, DecodingConfig, decoding_settings
+from pipeline.serving.decoding import TUNE_REPORT, decoding_settings
 from pipeline.serving.engine import load_engine_translator
 from transformer.checkpoint import CheckpointError
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from pipeline.serving.decoding import DecodingConfig
+from pipeline.config.decoding import DecodingConfig
 from transformer.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
 from transformer.model import Transformer
 from transformer.packed import pack_linears, packing_available

@@ -42,7 +42,7 @@ from typing import Any
 from pipeline import tracking
 from pipeline.config import paths
 from pipeline.config.data import DataParams
-from pipeline.config.decoding_sections import EvaluateParams
+from pipeline.config.decoding import TUNED, EvaluateParams
 from pipeline.config.loader import Sections, load_sections
 from pipeline.config.tracking import TrackingParams
 from pipeline.data.references import tokenized_references
@@ -62,7 +62,7 @@ from pipeline.scoring.reports import (
     scores_of_test_sets,
 )
 from pipeline.scoring.sacrebleu_scores import BOOTSTRAP_RESAMPLES, score
-from pipeline.serving.decoding import TUNED, Decoding, decoding_settings
+from pipeline.serving.decoding import Decoding, decoding_settings
 from pipeline.serving.engine import AnyTranslator
 from pipeline.serving.split_decoding import build_translator, load_averaged, split_files
 from pipeline.serving.translator import Translator

@@ -63,7 +63,7 @@ from typing import Any
 from pipeline import tracking
 from pipeline.config import paths
 from pipeline.config.data import DataParams
-from pipeline.config.decoding_sections import EvaluateParams, TuneParams
+from pipeline.config.decoding import COMPUTE_TYPES, TUNED, EvaluateParams, TuneParams
 from pipeline.config.loader import Sections, load_sections
 from pipeline.config.tracking import TrackingParams
 from pipeline.data.references import tokenized_references
@@ -72,7 +72,7 @@ from pipeline.scoring.literature_bleu import literature_score
 from pipeline.scoring.reports import LITERATURE_KEY, TUNE_DIR, TUNE_RUN, TUNE_SCORES
 from pipeline.scoring.sacrebleu_scores import score
 from pipeline.serving.ct2_translator import EngineUnavailable
-from pipeline.serving.decoding import COMPUTE_TYPES, TUNE_REPORT, TUNED
+from pipeline.serving.decoding import TUNE_REPORT
 from pipeline.serving.engine import AnyTranslator
 from pipeline.serving.split_decoding import build_translator, load_averaged, split_files
 from pipeline.stages.runner import run_stage
@@ -83,7 +83,7 @@ ENGINE_PREFERENCE = ("ctranslate2", "torch")   # CTranslate2 first: 2.8x faster 
 ENGINE_TOLERANCE = 0.3       # BLEU the chosen engine may lose to torch's chosen point
 COMPUTE_TOLERANCE = 0.2      # BLEU a compute type may lose to float32 at CTranslate2's chosen point
 SEARCHED_IN = "float32"      # CTranslate2's grid: the export's weights as they are
-CT2_STOPPING = "fairseq"     # CTranslate2's own rule (pipeline.serving.decoding.DecodingConfig)
+CT2_STOPPING = "fairseq"     # CTranslate2's own rule (pipeline.config.decoding.DecodingConfig)
 RULE = ("each engine: highest validation BLEU; ties: the smaller beam size, then the smaller alpha, then the "
         f"fairseq stopping rule before the exact one; CTranslate2's compute type: the first of "
         f"{', '.join(COMPUTE_TYPES)} within {COMPUTE_TOLERANCE} BLEU of float32; the engine: the first of "

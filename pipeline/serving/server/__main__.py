@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 import uvicorn
 
+from pipeline.config.decoding import ENGINES
 from pipeline.config.errors import ParamsError
 from pipeline.config.loader import PARAMS
 from pipeline.config.params import load_params
-from pipeline.serving.decoding import ENGINES
 from pipeline.serving.mlflow_model import MAX_SENTENCES
 from pipeline.serving.mlflow_server import DEFAULT_PORT, HOST, ServingError
 from pipeline.serving.server.app import ServerSettings, ServerState, create_app

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from pipeline.serving.decoding import DecodingConfig
+from pipeline.config.decoding import DecodingConfig
 from pipeline.serving.server.requests import Pieces
 
 

@@ -18,9 +18,9 @@ import mlflow
 import torch
 from mlflow.tracking import MlflowClient
 
+from pipeline.config.decoding import DecodingConfig
 from pipeline.serving.ct2_translator import CT2Translator
 from pipeline.serving.ct2_translator import default_threads as ct2_default_threads
-from pipeline.serving.decoding import DecodingConfig
 from pipeline.serving.engine import AnyTranslator, load_engine_translator
 from pipeline.serving.mlflow_server import served_version
 from pipeline.serving.registered import mlmodel_settings

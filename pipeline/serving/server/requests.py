@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 from mlflow.exceptions import MlflowException
 
-from pipeline.serving.decoding import DecodingConfig
+from pipeline.config.decoding import DecodingConfig
 from pipeline.serving.engine import AnyTranslator
 from pipeline.serving.mlflow_model import TranslatorModel, invalid, sentences_of
 from transformer.tokenizer import Tokenizer

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.config.decoding_sections import EvaluateParams
+from pipeline.config.decoding import EvaluateParams
 from pipeline.config.errors import ParamsError, TuneReportMissing
 from pipeline.serving.decoding import decoding_settings
 

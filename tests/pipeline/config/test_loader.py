@@ -76,4 +76,4 @@ def test_stages_load_only_their_sections_code():
                            "transformer/config.py", "transformer/training/train_config.py"):
             assert light_only not in deps[stage], (stage, light_only)
     assert "pipeline/config/train.py" in deps["train"] and "pipeline/config/params.py" not in deps["train"]
-    assert "pipeline/config/decoding_sections.py" in deps["evaluate"]
+    assert "pipeline/config/decoding.py" in deps["evaluate"]

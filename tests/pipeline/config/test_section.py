@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.config.decoding_sections import TuneParams
+from pipeline.config.decoding import TuneParams
 from pipeline.config.errors import ParamsError
 from pipeline.config.flows import FlowsParams
 from pipeline.config.section import dotted, package_message

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
+from pipeline.config.decoding import DecodingConfig
 from pipeline.serving.ct2_translator import CT2Translator, load_ct2_translator
-from pipeline.serving.decoding import DecodingConfig
 from pipeline.serving.engine import load_engine_translator
 from pipeline.serving.export import export_ctranslate2
 from pipeline.serving.translator import Translator

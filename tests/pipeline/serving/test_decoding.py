@@ -1,5 +1,6 @@
-"""pipeline/serving/decoding.py: every decoding setting's default, limits and checks in one place;
-what one request may set; the tune stage's choice and where each setting came from."""
+"""pipeline/config/decoding.py and pipeline/serving/decoding.py: every decoding setting's default,
+limits and checks in one place; what one request may set; the tune stage's choice and where each
+setting came from."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import math
 
 import pytest
 
+from pipeline.config import decoding as settings
+from pipeline.config.decoding import DecodingConfig
 from pipeline.config.errors import ParamsError, TuneReportMissing
 from pipeline.serving import decoding
-from pipeline.serving.decoding import DecodingConfig, RequestError, decoding_settings, request_settings
+from pipeline.serving.decoding import RequestError, decoding_settings, request_settings
 from transformer.search import STOPPING_RULES
 
 pytestmark = pytest.mark.fast
@@ -20,15 +23,15 @@ def test_the_papers_defaults_and_who_sets_what():
     assert DecodingConfig().to_dict() == {"beam_size": 4, "alpha": 0.6, "max_len_b": 50, "batch_sentences": 64,
                                           "precision": "fp32", "stopping": "exact", "engine": "torch",
                                           "compute_type": "float32"}   # §6.1, decoded by our search
-    assert set(decoding.RULES) == set(DecodingConfig().to_dict())
-    assert decoding.REQUEST == ("beam_size", "alpha", "stopping")
-    assert decoding.TUNED == ("beam_size", "alpha", "stopping", "engine", "compute_type")   # chosen on val
+    assert set(settings.RULES) == set(DecodingConfig().to_dict())
+    assert settings.REQUEST == ("beam_size", "alpha", "stopping")
+    assert settings.TUNED == ("beam_size", "alpha", "stopping", "engine", "compute_type")   # chosen on val
     # versions registered before the rule, the engine existed
-    assert decoding.LEGACY == {"stopping": "exact", "engine": "torch"}
-    assert decoding.ENGINES == ("torch", "ctranslate2") and decoding.COMPUTE_TYPES == ("int8", "float32")
-    assert set(decoding.STOPPING) <= set(STOPPING_RULES)   # rules the search has
-    assert decoding.PRECISIONS == ("fp32", "bf16")
-    assert (decoding.MAX_BEAM, decoding.ALPHA_RANGE) == (16, (0.0, 10.0))
+    assert settings.LEGACY == {"stopping": "exact", "engine": "torch"}
+    assert settings.ENGINES == ("torch", "ctranslate2") and settings.COMPUTE_TYPES == ("int8", "float32")
+    assert set(settings.STOPPING) <= set(STOPPING_RULES)   # rules the search has
+    assert settings.PRECISIONS == ("fp32", "bf16")
+    assert (settings.MAX_BEAM, settings.ALPHA_RANGE) == (16, (0.0, 10.0))
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -78,7 +81,7 @@ def test_a_request_sets_only_what_it_gives():
     assert request_settings(served, {"beam_size": "5", "alpha": "0.5", "stopping": "exact"}).per_request() == {
         "beam_size": 5, "alpha": 0.5, "stopping": "exact"}
     # The served version's own settings are not a request's: a beam over the request limit still serves.
-    wide = DecodingConfig(beam_size=decoding.MAX_BEAM + 4, alpha=12.0)
+    wide = DecodingConfig(beam_size=settings.MAX_BEAM + 4, alpha=12.0)
     assert request_settings(wide, {}) == wide
 
 
@@ -101,7 +104,7 @@ def test_a_bad_request_param_says_why(params, message):
 
 
 def test_request_limits_bound_what_a_request_costs():
-    widest = request_settings(DecodingConfig(), {"beam_size": decoding.MAX_BEAM, "alpha": decoding.ALPHA_RANGE[1]})
+    widest = request_settings(DecodingConfig(), {"beam_size": settings.MAX_BEAM, "alpha": settings.ALPHA_RANGE[1]})
     assert (widest.beam_size, widest.alpha) == (16, 10.0)
     assert request_settings(DecodingConfig(), {"beam_size": 1, "alpha": 0}).alpha == 0.0
 

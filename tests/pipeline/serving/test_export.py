@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 import torch
 
+from pipeline.config.decoding import DecodingConfig
 from pipeline.serving.ct2_translator import CT2Translator
-from pipeline.serving.decoding import DecodingConfig
 from pipeline.serving.export import TOKENIZER_NAME, export_ctranslate2, main, sentencepiece_vocabulary
 from transformer.checkpoint import CheckpointError, model_checkpoint, save_checkpoint
 from transformer.config import build_config

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from mlflow.exceptions import MlflowException
 
-from pipeline.serving.decoding import DecodingConfig
+from pipeline.config.decoding import DecodingConfig
 from pipeline.serving.mlflow_model import TranslatorModel
 
 from . import test_export as exported

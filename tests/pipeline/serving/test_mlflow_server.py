@@ -22,8 +22,8 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from pipeline.config.decoding import DecodingConfig
 from pipeline.serving import mlflow_server
-from pipeline.serving.decoding import DecodingConfig
 from pipeline.serving.mlflow_model import MAX_CHARS
 from pipeline.serving.model_logging import log_translator
 from pipeline.serving.translator import Translator, load_translator

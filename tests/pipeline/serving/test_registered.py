@@ -21,9 +21,9 @@ from mlflow.pyfunc import PythonModelContext
 from mlflow.tracking import MlflowClient
 from mlflow.types.schema import ParamSchema, ParamSpec
 
+from pipeline.config.decoding import RULES, DecodingConfig
 from pipeline.flows import gate
 from pipeline.serving.ct2_translator import CT2Translator, load_ct2_translator
-from pipeline.serving.decoding import RULES, DecodingConfig
 from pipeline.serving.export import export_ctranslate2
 from pipeline.serving.mlflow_model import TranslatorModel
 from pipeline.serving.model_logging import log_translator

@@ -24,7 +24,7 @@ import requests
 import torch
 from mlflow.tracking import MlflowClient
 
-from pipeline.serving.decoding import DecodingConfig
+from pipeline.config.decoding import DecodingConfig
 from pipeline.serving.translator import load_translator
 from pipeline.tracking import model_code
 from pipeline.tracking.links import LINK_MODEL

@@ -24,7 +24,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline.serving.decoding import DecodingConfig
+from pipeline.config.decoding import DecodingConfig
 from pipeline.serving.translator import Translator, load_translator
 from pipeline.tracking.store import CHAMPION_ALIAS
 

@@ -27,8 +27,8 @@ import mlflow
 import pytest
 from mlflow.entities import Param
 
+from pipeline.config.decoding import TUNED, DecodingConfig
 from pipeline.serving.ct2_translator import CT2Translator, load_ct2_translator
-from pipeline.serving.decoding import TUNED, DecodingConfig
 from pipeline.serving.export import export_ctranslate2
 from pipeline.serving.model_logging import log_translator
 from pipeline.serving.translator import Translator, load_translator

@@ -23,7 +23,7 @@ import pytest
 import torch
 import uvicorn
 
-from pipeline.serving.decoding import DecodingConfig
+from pipeline.config.decoding import DecodingConfig
 from pipeline.serving.server.app import ServerSettings, ServerState, create_app
 from pipeline.serving.server.batcher import Batcher, Job
 from pipeline.serving.server.metrics import ServerMetrics

@@ -15,8 +15,8 @@ import pytest
 import torch
 import yaml
 
+from pipeline.config.decoding import DecodingConfig
 from pipeline.serving.ct2_translator import load_ct2_translator
-from pipeline.serving.decoding import DecodingConfig
 from pipeline.serving.export import export_ctranslate2
 from pipeline.serving.translator import Translator, load_translator
 from transformer.checkpoint import load_model, model_checkpoint, save_checkpoint

@@ -3,7 +3,7 @@ on a copy of the model, with the same outputs as the plain model."""
 
 import pytest
 
-from pipeline.serving.decoding import DecodingConfig
+from pipeline.config.decoding import DecodingConfig
 from pipeline.serving.translator import Translator
 from transformer.packed import PackedLinear
 

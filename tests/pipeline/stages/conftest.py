@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from pipeline.config.data import DataParams
-from pipeline.config.decoding_sections import EvaluateParams, TuneParams
+from pipeline.config.decoding import EvaluateParams, TuneParams
 from pipeline.config.loader import Sections, load_sections
 from pipeline.config.tracking import TrackingParams
 from pipeline.serving.export import export_ctranslate2

@@ -12,9 +12,9 @@ import pytest
 import sacrebleu
 from mlflow.tracking import MlflowClient
 
+from pipeline.config.decoding import DecodingConfig
 from pipeline.scoring.literature_bleu import LABEL, bleu_lc_tok
 from pipeline.serving.ct2_translator import load_ct2_translator
-from pipeline.serving.decoding import DecodingConfig
 from pipeline.serving.translator import load_translator
 from pipeline.stages.evaluate import evaluate
 from transformer.atomic import file_sha256
