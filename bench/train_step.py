@@ -90,10 +90,11 @@ def _train(rank: int, args: argparse.Namespace, init_method: str) -> None:
         dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=args.processes)
     from transformer.config import ModelConfig
     from transformer.model import Transformer
-    from transformer.training.token_store import TokenStore
     try:
+        from transformer.training.token_store import TokenStore
         from transformer.training.trainer import TrainConfig, Trainer, TrainerCallback
     except ModuleNotFoundError:   # a checkout from before transformer/training/ (dc0e5c2's, for --against)
+        from transformer.data import TokenStore  # type: ignore[no-redef]
         from transformer.trainer import TrainConfig, Trainer, TrainerCallback  # type: ignore[no-redef]
 
     rates: list[float] = []

@@ -185,7 +185,8 @@ MODEL_AND_TRAINING = [f"transformer/{name}.py" for name in (
     "training/train_config", "training/loss", "training/schedule", "training/trainer", "training/batching")]
 # Decoding-only code (beam search, the translator and its settings, decoding a split, scoring it): an
 # edit reruns tune and evaluate, never training or averaging.
-DECODING = ["transformer/search.py", "transformer/packed.py", "pipeline/serving/decoding.py",
+DECODING = ["transformer/search.py", "transformer/packed.py", "pipeline/config/decoding.py",
+            "pipeline/serving/decoding.py",
             "pipeline/serving/translator.py", "pipeline/serving/split_decoding.py",
             "pipeline/scoring/sacrebleu_scores.py", "pipeline/scoring/paper_bleu.py"]
 
@@ -234,7 +235,7 @@ def test_the_model_imports_nothing_of_its_training():
     assert "transformer.training.trainer" in graph
 
 
-# ``pipeline/``'s folders, those that run things first (DESIGN.md): a module imports only its own
+# ``pipeline/``'s folders, those that run things first (docs/architecture.md): a module imports only its own
 # folder and the folders after its own. A helper two folders share lives in the lower one.
 FOLDER_ORDER = ("workers", "flows", "experiments", "stages", "figures", "serving", "tracking", "scoring",
                 "config", "data", "stack")
