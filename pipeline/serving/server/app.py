@@ -173,8 +173,8 @@ async def read_body(request: Request, limit: int) -> bytes | None:
     return None if over else b"".join(chunks)
 
 
-class InvocationsFirst:
-    """The ASGI app: ``POST /invocations`` goes to its handler through Starlette's error middleware
+class DirectInvocationsApp:
+    """The ASGI app, sending ``POST /invocations`` directly to its handler: through Starlette's error middleware
     and the middleware added to the app (``add_middleware``: auth, CORS, ...), but not through
     FastAPI's router, its exception middleware and its route's request handling; everything else (and
     the lifespan) goes to the FastAPI app. Those layers took more of the event loop's time than our
@@ -218,7 +218,7 @@ class InvocationsFirst:
         await self.app(scope, receive, send)
 
 
-def create_app(state: ServerState) -> InvocationsFirst:
+def create_app(state: ServerState) -> DirectInvocationsApp:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):   # noqa: ANN202
         state.batcher.start()
@@ -341,4 +341,4 @@ def create_app(state: ServerState) -> InvocationsFirst:
         metrics.queue_depth.set(state.batcher.depth())
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    return InvocationsFirst(app, invocations)
+    return DirectInvocationsApp(app, invocations)
