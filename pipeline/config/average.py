@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from pydantic import field_validator
+from typing import Annotated
 
-from pipeline.config.section import Section, invalid
+from pydantic import Field
+
+from pipeline.config.section import Section
 
 
 class AverageParams(Section):
@@ -12,11 +14,4 @@ class AverageParams(Section):
 
     SECTION = "average"
 
-    last_n: int = 5
-
-    @field_validator("last_n")
-    @classmethod
-    def _positive(cls, value: int) -> int:
-        if value < 1:
-            raise invalid(f"must be positive, got {value}")
-        return value
+    last_n: Annotated[int, Field(gt=0)] = 5

@@ -4,8 +4,9 @@ training pairs are cleaned."""
 from __future__ import annotations
 
 import os
+from typing import Annotated
 
-from pydantic import field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from pipeline.config.section import Section, invalid
 from pipeline.data.registry import check_data_params
@@ -20,31 +21,10 @@ class DataParams(Section):
     mirror: str = ""
     valid_set: str = "val"
     test_sets: list[str] = ["test_2016_flickr"]
-    max_words: int = 250
-    max_ratio: float = 9.0
-    limit_train_pairs: int = 0
+    max_words: Annotated[int, Field(gt=0)] = 250
+    max_ratio: Annotated[float, Field(ge=1)] = 9.0
+    limit_train_pairs: Annotated[int, Field(ge=0)] = 0
     incoming_dir: str = "data/incoming"   # new parallel data appended to train ("" = none)
-
-    @field_validator("max_words")
-    @classmethod
-    def _positive(cls, value: int) -> int:
-        if value < 1:
-            raise invalid(f"must be positive, got {value}")
-        return value
-
-    @field_validator("max_ratio")
-    @classmethod
-    def _ratio(cls, value: float) -> float:
-        if value < 1:
-            raise invalid(f"must be at least 1, got {value}")
-        return value
-
-    @field_validator("limit_train_pairs")
-    @classmethod
-    def _limit(cls, value: int) -> int:
-        if value < 0:
-            raise invalid(f"must be >= 0, got {value}")
-        return value
 
     @field_validator("test_sets")
     @classmethod

@@ -2,76 +2,93 @@
 stopping rule, and the engine that decodes (our PyTorch search or CTranslate2) with its compute type.
 The one place these are defined: each setting's default, its limits (for configuration and,
 stricter, for one request), whether the tune stage chooses it on the validation set and whether a
-request may set it, and the checks (``DecodingConfig``, its ``Rule`` per field). Then the
+request may set it (``DecodingConfig``, a pydantic model: each field's type and constraint, and its
+``Setting``). Then the
 ``evaluate`` and ``tune`` sections of params.yaml, each value checked as the setting it becomes.
 
 Used by the sections below, the translators, the pyfunc model's request params and the server
 (``pipeline.serving.decoding``: a request's settings, the tune stage's choice), the translate
 command (its options) and the registered versions' settings (``pipeline.serving.registered``).
-Adding a setting is adding a field to ``DecodingConfig`` with its ``Rule``. Light: no torch, no MLflow.
+Adding a setting is adding a field to ``DecodingConfig`` with its ``Setting``. Light: no torch, no MLflow.
 """
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
-from typing import Annotated, Any
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import ErrorDetails
 
 from pipeline.config.section import Section, invalid
 
-PRECISIONS = ("fp32", "bf16")
+Precision = Literal["fp32", "bf16"]
+PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
 # When beam search stops a sentence (``transformer.search.beam_search``): "exact", once no live
 # hypothesis can beat the beam_size finished ones (the result of searching to the length limit);
 # "fairseq", once beam_size hypotheses have finished (cheaper; can miss a longer, better one).
-STOPPING = ("exact", "fairseq")
+Stopping = Literal["exact", "fairseq"]
+STOPPING: tuple[str, ...] = typing.get_args(Stopping)
 # Who decodes: "torch", our search (``transformer.search``: GPUs, the reference); "ctranslate2", the
 # export stage's model in CTranslate2 (``pipeline.serving.ct2_translator``: fused C++ steps, int8 on CPU).
-ENGINES = ("torch", "ctranslate2")
+Engine = Literal["torch", "ctranslate2"]
+ENGINES: tuple[str, ...] = typing.get_args(Engine)
 # CTranslate2's compute types, in the tune stage's order of preference (int8 first: a quarter of the
 # weight traffic, which bounds a CPU's decoding step).
-COMPUTE_TYPES = ("int8", "float32")
+ComputeType = Literal["int8", "float32"]
+COMPUTE_TYPES: tuple[str, ...] = typing.get_args(ComputeType)
 MAX_BEAM = 16              # a request's beam: decoding cost grows with it; the paper uses 4 (§6.1)
 ALPHA_RANGE = (0.0, 10.0)  # a request's length penalty alpha (GNMT's is in [0, 1]; tune's grid reaches 2.5)
 
+PositiveInt = Annotated[int, Field(ge=1)]
+NonNegative = Annotated[float, Field(ge=0)]   # ge refuses NaN too
+
 
 @dataclass(frozen=True)
-class Rule:
-    """What one decoding setting may be and who sets it.
+class Setting:
+    """Who sets one decoding setting, beside what it may be (its field's type and constraint).
 
-    ``kind``: ``int`` (a positive integer), ``float`` (a number >= 0) or ``str`` (one of ``choices``).
     ``tuned``: the tune stage chooses it on the validation set; evaluate's null follows that choice.
-    ``request``: a request's ``params`` may set it, within ``request_range`` (inclusive) or ``choices``.
+    ``request``: a request's ``params`` may set it, within ``request_range`` (inclusive) or its choices.
     ``legacy``: what a registered version that records none of it decoded with (None: the default).
     """
 
-    kind: type
     help: str
-    choices: tuple[str, ...] = ()
     tuned: bool = False
     request: bool = False
     request_range: tuple[float, float] | None = None
     legacy: Any = None
 
-    def problem(self, value: Any) -> str | None:
-        """Why ``value`` is not a valid setting ("must be ..., got ..."), or None."""
-        if self.kind is int and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            return f"must be a positive integer, got {value!r}"
-        # ``not >= 0`` also refuses NaN
-        if self.kind is float and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0):
-            return f"must be a number >= 0, got {value!r}"
-        if self.kind is str and value not in self.choices:
-            return f"must be one of {', '.join(self.choices)}, got {value!r}"
-        return None
-
-
-def _setting(default: Any, rule: Rule) -> Any:
-    return field(default=default, metadata={"rule": rule})
-
 
 @dataclass(frozen=True)
-class DecodingConfig:
+class Rule(Setting):
+    """A ``Setting`` with what its field says it may be: ``kind`` (``int``: a positive integer;
+    ``float``: a number >= 0; ``str``: one of ``choices``), for the options and requests that parse it."""
+
+    kind: type = str
+    choices: tuple[str, ...] = ()
+
+    def phrase(self, given: Any) -> str:
+        """Why ``given`` is not a valid value, read after the setting's name."""
+        if self.kind is int:
+            return f"must be a positive integer, got {given!r}"
+        if self.kind is float:
+            return f"must be a number >= 0, got {given!r}"
+        return f"must be one of {', '.join(self.choices)}, got {given!r}"
+
+
+class DecodingConfig(BaseModel):
     """The paper's defaults (§6.1: beam 4, length penalty alpha 0.6, output up to source length
     + 50), decoded by our search.
 
@@ -99,37 +116,48 @@ class DecodingConfig:
     * Padding and BOS are never emitted by either (``transformer.search``; CTranslate2's
       ``suppress_sequences``).
 
-    (``Decoding`` below is another thing: the beam size, alpha and stopping rule the evaluate
-    stage chose, and where each came from.)"""
+    Strict, as params.yaml's sections are: a bool is not an integer, a string not a number; an
+    integer alpha becomes a float. A bad value raises ``ValueError`` naming the field
+    (``DecodingConfig.beam_size must be a positive integer, got 0``). (The evaluate stage's tuned
+    settings with where each came from are ``pipeline.serving.decoding.Decoding``.)"""
 
-    beam_size: int = _setting(4, Rule(int, "1 = greedy", tuned=True, request=True, request_range=(1, MAX_BEAM)))
-    alpha: float = _setting(0.6, Rule(float, "length penalty alpha", tuned=True, request=True,
-                                      request_range=ALPHA_RANGE))
-    max_len_b: int = _setting(50, Rule(int, "output length limit: source length + this"))
-    batch_sentences: int = _setting(64, Rule(int, "sentences decoded together"))
-    precision: str = _setting("fp32", Rule(str, "decoding precision (bf16: faster on CPUs with AVX512-BF16/AMX "
-                                                "and on GPUs)", choices=PRECISIONS))
+    model_config = ConfigDict(frozen=True, strict=True, extra="forbid")
+
+    beam_size: Annotated[PositiveInt, Setting("1 = greedy", tuned=True, request=True,
+                                              request_range=(1, MAX_BEAM))] = 4
+    alpha: Annotated[NonNegative, Setting("length penalty alpha", tuned=True, request=True,
+                                          request_range=ALPHA_RANGE)] = 0.6
+    max_len_b: Annotated[PositiveInt, Setting("output length limit: source length + this")] = 50
+    batch_sentences: Annotated[PositiveInt, Setting("sentences decoded together")] = 64
+    precision: Annotated[Precision, Setting("decoding precision (bf16: faster on CPUs with AVX512-BF16/AMX and "
+                                            "on GPUs)")] = "fp32"
     # Versions registered before the rule was a setting were searched, and scored, exactly.
-    stopping: str = _setting("exact", Rule(str, "when beam search stops a sentence: exact (no live hypothesis can "
-                                                "beat the finished ones) or fairseq (beam-size hypotheses "
-                                                "finished; sooner)", choices=STOPPING, tuned=True, request=True,
-                                           legacy="exact"))
+    stopping: Annotated[Stopping, Setting("when beam search stops a sentence: exact (no live hypothesis can beat "
+                                          "the finished ones) or fairseq (beam-size hypotheses finished; sooner)",
+                                          tuned=True, request=True, legacy="exact")] = "exact"
     # Versions registered before the engine was a setting (no CTranslate2 export) decode with torch.
-    engine: str = _setting("torch", Rule(str, "who decodes: torch (our search) or ctranslate2 (the export "
-                                              "stage's model; torch where CTranslate2 is missing or cannot load)",
-                                         choices=ENGINES, tuned=True, legacy="torch"))
+    engine: Annotated[Engine, Setting("who decodes: torch (our search) or ctranslate2 (the export stage's model; "
+                                      "torch where CTranslate2 is missing or cannot load)",
+                                      tuned=True, legacy="torch")] = "torch"
     # Tuned with the engine: the tune stage's choice has none where the engine is torch (``Decoding``).
-    compute_type: str = _setting("float32", Rule(str, "CTranslate2's compute type (engine ctranslate2 only)",
-                                                 choices=COMPUTE_TYPES, tuned=True))
+    compute_type: Annotated[ComputeType, Setting("CTranslate2's compute type (engine ctranslate2 only)",
+                                                 tuned=True)] = "float32"
 
-    def __post_init__(self) -> None:
-        for name, rule in RULES.items():
-            problem = rule.problem(getattr(self, name))
-            if problem:
-                raise ValueError(f"DecodingConfig.{name} {problem}")
+    def __init__(self, *args: Any, **values: Any) -> None:
+        if len(args) > len(RULES):
+            raise TypeError(f"DecodingConfig takes at most {len(RULES)} settings by position, got {len(args)}")
+        values = {**dict(zip(type(self).model_fields, args, strict=False)), **values}   # in the fields' order
+        try:
+            super().__init__(**values)
+        except ValidationError as err:
+            raise ValueError(_one_line(err.errors()[0])) from None
+
+    @model_validator(mode="after")
+    def _together(self) -> DecodingConfig:
         if self.engine == "ctranslate2" and self.stopping == "exact":
             raise ValueError("DecodingConfig.stopping exact is our search's rule: CTranslate2 stops once beam_size "
                              "hypotheses have finished; use stopping fairseq with engine ctranslate2")
+        return self
 
     @classmethod
     def of(cls, settings: Any) -> DecodingConfig:
@@ -137,17 +165,17 @@ class DecodingConfig:
         (``attention_sentences``) are ignored, missing or None ones keep the paper's defaults, but
         for the stopping rule of engine ctranslate2: its own, fairseq (exact is our search's)."""
         get = settings.get if isinstance(settings, Mapping) else lambda k: getattr(settings, k, None)
-        values = {f.name: get(f.name) for f in fields(cls) if get(f.name) is not None}
+        values = {name: get(name) for name in cls.model_fields if get(name) is not None}
         if values.get("engine") == "ctranslate2":
             values.setdefault("stopping", "fairseq")
         return cls(**values)
 
     def replace(self, **changes: Any) -> DecodingConfig:
         """A copy with ``changes`` (None values ignored), checked like a new one."""
-        return DecodingConfig(**{**asdict(self), **{k: v for k, v in changes.items() if v is not None}})
+        return DecodingConfig(**{**self.to_dict(), **{k: v for k, v in changes.items() if v is not None}})
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return self.model_dump()
 
     def per_request(self) -> dict[str, Any]:
         """The settings a request may set (``REQUEST``), by name: the keyword arguments of
@@ -155,10 +183,39 @@ class DecodingConfig:
         return {name: getattr(self, name) for name in REQUEST}
 
 
-RULES: dict[str, Rule] = {f.name: f.metadata["rule"] for f in fields(DecodingConfig)}
+def _one_line(error: ErrorDetails) -> str:
+    """The first problem of a ``DecodingConfig``, named as its field (``DecodingConfig.alpha must be
+    a number >= 0, got -0.1``); settings that cannot go together word their own."""
+    if error["type"] == "value_error":
+        return str(error["ctx"]["error"])
+    name = str(error["loc"][0])
+    if error["type"] == "extra_forbidden":
+        return f"DecodingConfig has no setting {name!r} (settings: {', '.join(RULES)})"
+    return f"DecodingConfig.{name} {RULES[name].phrase(error['input'])}"
+
+
+def _rule(annotation: Any, metadata: list[Any]) -> Rule:
+    setting = next(m for m in metadata if isinstance(m, Setting))
+    choices: tuple[str, ...] = typing.get_args(annotation) if typing.get_origin(annotation) is Literal else ()
+    return Rule(**vars(setting), kind=str if choices else annotation, choices=choices)
+
+
+RULES: dict[str, Rule] = {name: _rule(f.annotation, f.metadata) for name, f in DecodingConfig.model_fields.items()}
 TUNED = tuple(name for name, rule in RULES.items() if rule.tuned)   # beam_size, alpha, stopping, engine, compute_type
 REQUEST = tuple(name for name, rule in RULES.items() if rule.request)    # what a request's params may set
 LEGACY = {name: rule.legacy for name, rule in RULES.items() if rule.legacy is not None}
+# Each setting alone, checked as its field is (the sections' values, one at a time).
+_ONE = {name: TypeAdapter(Annotated[f.annotation, *f.metadata], config=ConfigDict(strict=True))
+        for name, f in DecodingConfig.model_fields.items()}
+
+
+def problem(name: str, value: Any) -> str | None:
+    """Why ``value`` is not a valid ``name`` setting on its own ("must be ..., got ..."), or None."""
+    try:
+        _ONE[name].validate_python(value)
+    except ValidationError:
+        return RULES[name].phrase(value)
+    return None
 
 
 def typed(name: str, value: Any) -> Any:
@@ -173,13 +230,13 @@ def typed(name: str, value: Any) -> Any:
 
 
 def decoding_setting(name: str) -> AfterValidator:
-    """A check of one value as ``DecodingConfig``'s field ``name`` (None: unset, the default), by
-    its ``Rule``. Its message reads after the key (``evaluate.alpha`` or ``tune.alphas[1]``)."""
+    """A check of one value as ``DecodingConfig``'s field ``name`` (None: unset, the default), as
+    the field checks it. Its message reads after the key (``evaluate.alpha`` or ``tune.alphas[1]``)."""
     def check(value: Any) -> Any:
         # Alone: settings that cannot go together are checked below.
-        problem = None if value is None else RULES[name].problem(value)
-        if problem:
-            raise invalid(problem)
+        why = None if value is None else problem(name, value)
+        if why:
+            raise invalid(why)
         return value
     return AfterValidator(check)
 
@@ -198,15 +255,8 @@ class EvaluateParams(Section):
     compute_type: Annotated[str | None, decoding_setting("compute_type")] = None
     max_len_b: Annotated[int, decoding_setting("max_len_b")] = 50
     batch_sentences: Annotated[int, decoding_setting("batch_sentences")] = 64
-    attention_sentences: int = 3
+    attention_sentences: Annotated[int, Field(ge=0)] = 3
     precision: Annotated[str, decoding_setting("precision")] = "fp32"
-
-    @field_validator("attention_sentences")
-    @classmethod
-    def _attention(cls, value: int) -> int:
-        if value < 0:
-            raise invalid(f"must be >= 0, got {value}")
-        return value
 
     @model_validator(mode="after")
     def _together(self) -> EvaluateParams:

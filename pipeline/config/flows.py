@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+import typing
+from typing import Annotated, Any, Literal
 
-from pydantic import field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from pipeline.config.section import Section, invalid
 
-RETRAIN_MODES = ("scratch", "finetune")
+RetrainMode = Literal["scratch", "finetune"]
+RETRAIN_MODES: tuple[str, ...] = typing.get_args(RetrainMode)
 
 
 class FlowsParams(Section):
@@ -24,9 +26,9 @@ class FlowsParams(Section):
     schedule_cron: str = "0 3 * * 1"
     schedule_timezone: str = "UTC"
     deployment_name: str = "scheduled-retraining"
-    retrain_mode: str = "scratch"
-    significance: float = 0.05
-    bootstrap_resamples: int = 1000
+    retrain_mode: RetrainMode = "scratch"
+    significance: Annotated[float, Field(gt=0, lt=1)] = 0.05
+    bootstrap_resamples: Annotated[int, Field(gt=0)] = 1000
     gate_set: str = ""             # "" = data.valid_set: the development set the gate decides on
 
     @model_validator(mode="before")
@@ -66,27 +68,6 @@ class FlowsParams(Section):
     def _deployment_name(cls, value: str) -> str:
         if not value.strip() or any(c in value for c in "/%"):
             raise invalid(f"must be non-empty without '/' or '%', got {value!r}")
-        return value
-
-    @field_validator("retrain_mode")
-    @classmethod
-    def _retrain_mode(cls, value: str) -> str:
-        if value not in RETRAIN_MODES:
-            raise invalid(f"must be one of {', '.join(RETRAIN_MODES)}, got {value!r}")
-        return value
-
-    @field_validator("significance")
-    @classmethod
-    def _significance(cls, value: float) -> float:
-        if not 0 < value < 1:
-            raise invalid(f"must be in (0, 1), got {value}")
-        return value
-
-    @field_validator("bootstrap_resamples")
-    @classmethod
-    def _resamples(cls, value: int) -> int:
-        if value < 1:
-            raise invalid(f"must be a positive integer, got {value}")
         return value
 
     @model_validator(mode="after")

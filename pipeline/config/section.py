@@ -2,7 +2,9 @@
 ``ValidationError`` into the one-line form ``train.max_tokens must be a positive integer, got -5``.
 
 Sections are strict: an int is accepted where a float is expected (and becomes a float), nothing
-else is coerced (a bool is not an int, a string is not a number). Unknown keys are refused.
+else is coerced (a bool is not an int, a string is not a number). Unknown keys are refused. A
+field's limits are declared where pydantic has a word for them (``Annotated[int, Field(gt=0)]``,
+``Literal[...]``), and their errors read as a validator's would (``must be positive, got 0``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import dataclasses
 import re
 import typing
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic_core import ErrorDetails, PydanticCustomError
@@ -27,6 +29,7 @@ TYPE_PHRASES = {
     "list_type": "must be a list",
 }
 MAPPING_ERRORS = ("model_type", "dict_type", "model_attributes_type")
+BOUND_ERRORS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal")
 
 
 def invalid(message: str) -> PydanticCustomError:
@@ -44,22 +47,56 @@ def dotted(section: str, loc: tuple[int | str, ...]) -> str:
     return key
 
 
-def one_line(err: ValidationError, section: str, known: list[str]) -> str:
+def bounds(metadata: list[Any]) -> str:
+    """What a number field's declared constraints (``Field(gt=0)``, ``Field(ge=0.9, le=1)``) say it
+    must be: ``must be positive``, ``must be >= 0``, ``must be at least 16``, ``must be in [0.9, 1]``."""
+    def bound(name: str) -> Any:
+        return next((getattr(m, name) for m in metadata if getattr(m, name, None) is not None), None)
+    ge, gt, le, lt = bound("ge"), bound("gt"), bound("le"), bound("lt")
+    low, high = (gt if ge is None else ge), (lt if le is None else le)
+    if low is not None and high is not None:
+        return f"must be in {'(' if ge is None else '['}{low:g}, {high:g}{')' if le is None else ']'}"
+    if low is None:
+        return f"must be {'<' if le is None else '<='} {high:g}"
+    if ge is None:
+        return "must be positive" if gt == 0 else f"must be greater than {gt:g}"
+    return "must be >= 0" if ge == 0 else f"must be at least {ge:g}"
+
+
+def constraint(error: ErrorDetails, model: type[BaseModel]) -> str | None:
+    """A declared constraint's error in params.yaml's words (``must be positive, got 0``;
+    ``must be one of scratch, finetune, got 'continue'``), or None for another error."""
+    field = model.model_fields.get(str(error["loc"][0])) if len(error["loc"]) == 1 else None
+    if field is None:
+        return None
+    given = error.get("input")
+    if error["type"] in BOUND_ERRORS:
+        return f"{bounds(field.metadata)}, got {given}"
+    if error["type"] == "literal_error" and typing.get_origin(field.annotation) is Literal:
+        return f"must be one of {', '.join(map(str, typing.get_args(field.annotation)))}, got {given!r}"
+    return None
+
+
+def one_line(err: ValidationError, model: type[Section]) -> str:
     """The first problem of ``err`` (an unknown key first, as a typo is the likelier cause of what
-    follows) as one line naming the key; ``known`` lists the section's keys for an unknown one."""
+    follows) as one line naming the key in ``model``'s section; an unknown key's line lists the
+    section's keys."""
     errors: list[ErrorDetails] = sorted(err.errors(), key=lambda e: e["type"] != "extra_forbidden")
     first = errors[0]
     kind, loc, given = first["type"], first["loc"], first.get("input")
-    key = dotted(section, loc)
+    key = dotted(model.SECTION, loc)
     if kind == "extra_forbidden":
-        return f"unknown key {key} (known: {', '.join(known)})"
+        return f"unknown key {key} (known: {', '.join(model.model_fields)})"
+    declared = constraint(first, model)
+    if declared:
+        return f"{key} {declared}"
     if kind in MAPPING_ERRORS and not loc:
-        return f"section {section} must be a mapping, got {given!r}"
+        return f"section {model.SECTION} must be a mapping, got {given!r}"
     if kind in TYPE_PHRASES:
         return f"{key} {TYPE_PHRASES[kind]}, got {given!r}"
     if kind == "params":
         return f"{key} {first['msg']}" if loc else first["msg"]
-    return f"{key}: {first['msg']}"   # a pydantic check no validator here phrases (none today)
+    return f"{key}: {first['msg']}"   # a pydantic check nothing here phrases (none today)
 
 
 class Section(BaseModel):
@@ -75,7 +112,7 @@ class Section(BaseModel):
         try:
             super().__init__(**values)
         except ValidationError as err:
-            raise ParamsError(one_line(err, self.SECTION, list(type(self).model_fields))) from None
+            raise ParamsError(one_line(err, type(self))) from None
 
     @classmethod
     def validate_section(cls, values: Mapping[str, Any]) -> Any:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import field_validator
+from typing import Annotated
+
+from pydantic import Field, field_validator
 
 from pipeline.config.section import Section, invalid
 
@@ -17,37 +19,16 @@ class TokenizerParams(Section):
 
     SECTION = "tokenizer"
 
-    vocab_size: int = 8000
+    vocab_size: Annotated[int, Field(ge=16)] = 8000
     model_type: str = "bpe"
-    character_coverage: float = 1.0
-    input_sentence_size: int = 2_000_000
+    character_coverage: Annotated[float, Field(ge=0.9, le=1)] = 1.0
+    input_sentence_size: Annotated[int, Field(gt=0)] = 2_000_000
     seed: int = 1
     model_from: str = ""
-
-    @field_validator("vocab_size")
-    @classmethod
-    def _vocab(cls, value: int) -> int:
-        if value < 16:
-            raise invalid(f"must be at least 16, got {value}")
-        return value
 
     @field_validator("model_type")
     @classmethod
     def _model_type(cls, value: str) -> str:
         if value not in MODEL_TYPES:
             raise invalid(f"must be {' or '.join(MODEL_TYPES)}, got {value!r}")
-        return value
-
-    @field_validator("character_coverage")
-    @classmethod
-    def _coverage(cls, value: float) -> float:
-        if not 0.9 <= value <= 1.0:
-            raise invalid(f"must be in [0.9, 1], got {value}")
-        return value
-
-    @field_validator("input_sentence_size")
-    @classmethod
-    def _sentences(cls, value: int) -> int:
-        if value < 1:
-            raise invalid(f"must be positive, got {value}")
         return value

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-import pytest
+from typing import Annotated
 
-from pipeline.config.decoding import TuneParams
+import pytest
+from pydantic import Field
+
+from pipeline.config.average import AverageParams
+from pipeline.config.data import DataParams
+from pipeline.config.decoding import EvaluateParams, TuneParams
 from pipeline.config.errors import ParamsError
 from pipeline.config.flows import FlowsParams
-from pipeline.config.section import dotted, package_message
+from pipeline.config.section import bounds, dotted, package_message
+from pipeline.config.tokenizer import TokenizerParams
 from transformer.config import ConfigError, ModelConfig
 from transformer.training.train_config import TrainConfig
 
@@ -36,6 +42,36 @@ def test_dotted_paths_write_list_positions_in_brackets():
 def test_a_bad_value_is_one_line_naming_its_key(values, message):
     with pytest.raises(ParamsError) as err:
         TuneParams(**values)
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize("field, phrase", [
+    (Annotated[int, Field(gt=0)], "must be positive"),
+    (Annotated[int, Field(ge=0)], "must be >= 0"),
+    (Annotated[int, Field(ge=16)], "must be at least 16"),
+    (Annotated[float, Field(gt=0.5)], "must be greater than 0.5"),
+    (Annotated[float, Field(gt=0, lt=1)], "must be in (0, 1)"),
+    (Annotated[float, Field(ge=0.9, le=1)], "must be in [0.9, 1]"),
+    (Annotated[float, Field(le=2)], "must be <= 2"),
+])
+def test_declared_bounds_read_as_params_yaml_words(field, phrase):
+    assert bounds(field.__metadata__[0].metadata) == phrase
+
+
+@pytest.mark.parametrize("section, values, message", [
+    (AverageParams, {"last_n": 0}, "average.last_n must be positive, got 0"),
+    (DataParams, {"max_ratio": 0.5}, "data.max_ratio must be at least 1, got 0.5"),
+    (DataParams, {"limit_train_pairs": -1}, "data.limit_train_pairs must be >= 0, got -1"),
+    (TokenizerParams, {"character_coverage": 1.5}, "tokenizer.character_coverage must be in [0.9, 1], got 1.5"),
+    (TokenizerParams, {"input_sentence_size": 0}, "tokenizer.input_sentence_size must be positive, got 0"),
+    (FlowsParams, {"significance": 1}, "flows.significance must be in (0, 1), got 1"),
+    (FlowsParams, {"retrain_mode": "continue"}, "flows.retrain_mode must be one of scratch, finetune, got 'continue'"),
+    (EvaluateParams, {"attention_sentences": -1}, "evaluate.attention_sentences must be >= 0, got -1"),
+    (TokenizerParams, {"vocab_size": 16.0}, "tokenizer.vocab_size must be an integer, got 16.0"),   # type first
+])
+def test_a_declared_constraint_is_one_line_naming_its_key(section, values, message):
+    with pytest.raises(ParamsError) as err:
+        section(**values)
     assert str(err.value) == message
 
 
