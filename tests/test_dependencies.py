@@ -187,7 +187,7 @@ MODEL_AND_TRAINING = [f"transformer/{name}.py" for name in (
 # edit reruns tune and evaluate, never training or averaging.
 DECODING = ["transformer/search.py", "transformer/packed.py", "pipeline/config/decoding.py",
             "pipeline/serving/decoding.py",
-            "pipeline/serving/translator.py", "pipeline/serving/split_decoding.py",
+            "pipeline/serving/translator.py", "pipeline/serving/stage_translator.py",
             "pipeline/scoring/sacrebleu_scores.py", "pipeline/scoring/paper_bleu.py"]
 
 

@@ -119,7 +119,7 @@ class DecodingConfig(BaseModel):
     Strict, as params.yaml's sections are: a bool is not an integer, a string not a number; an
     integer alpha becomes a float. A bad value raises ``ValueError`` naming the field
     (``DecodingConfig.beam_size must be a positive integer, got 0``). (The evaluate stage's tuned
-    settings with where each came from are ``pipeline.serving.decoding.Decoding``.)"""
+    settings with where each came from are ``pipeline.serving.decoding.ChosenDecoding``.)"""
 
     model_config = ConfigDict(frozen=True, strict=True, extra="forbid")
 
@@ -139,7 +139,7 @@ class DecodingConfig(BaseModel):
     engine: Annotated[Engine, Setting("who decodes: torch (our search) or ctranslate2 (the export stage's model; "
                                       "torch where CTranslate2 is missing or cannot load)",
                                       tuned=True, legacy="torch")] = "torch"
-    # Tuned with the engine: the tune stage's choice has none where the engine is torch (``Decoding``).
+    # Tuned with the engine: the tune stage's choice has none where the engine is torch (``ChosenDecoding``).
     compute_type: Annotated[ComputeType, Setting("CTranslate2's compute type (engine ctranslate2 only)",
                                                  tuned=True)] = "float32"
 

@@ -26,8 +26,7 @@ import mlflow  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from pipeline.config.params import load_params  # noqa: E402
-from pipeline.experiments.ranking import RANK_METRIC  # noqa: E402
-from pipeline.scoring.reports import LITERATURE_KEY  # noqa: E402
+from pipeline.scoring.reports import LITERATURE_KEY, RANK_METRIC  # noqa: E402
 from pipeline.tracking import store  # noqa: E402
 from transformer.atomic import atomic_write, write_text  # noqa: E402
 

@@ -36,7 +36,7 @@ from pipeline.config.errors import ParamsError
 from pipeline.config.loader import PARAMS, SECTION_NAMES, read_params
 from pipeline.config.overrides import dvc_executable, hydra_value, set_param
 from pipeline.config.params import check, load_params
-from pipeline.experiments.ranking import RANK_METRIC
+from pipeline.scoring.reports import RANK_METRIC
 
 SWEEP_FILE = Path("params/sweep.yaml")
 PHASES = ("proxy", "final")

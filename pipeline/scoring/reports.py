@@ -32,6 +32,10 @@ TEST, DEV, DECODING = "test", "dev", "decoding"
 # A set's score beside sacreBLEU's where the data set publishes tokenized references (Multi30k): the
 # literature's BLEU (pipeline/scoring/literature_bleu.py), reported, never ranking, never compared with sacreBLEU.
 LITERATURE_KEY = "bleu_lc_tok"
+# What ranks runs (sweeps, ``make compare``): validation BLEU of the averaged model with the decoding
+# settings chosen on the validation set, logged by the tune and evaluate stages. Test scores are
+# shown, never used to rank.
+RANK_METRIC = "valid_bleu"
 LITERATURE_LABEL = "lowercased, Moses-tokenized, vs upstream lc.norm.tok references (the literature's)"
 
 

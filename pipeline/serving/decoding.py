@@ -81,7 +81,7 @@ def tune_detail(tune_report: str | os.PathLike) -> Path:
 
 
 @dataclass(frozen=True)
-class Decoding:
+class ChosenDecoding:
     """The ``TUNED`` settings the evaluate stage (and the model it registers) decode with, and where
     each came from: ``params`` (set in evaluate) or ``tune`` (null there: the tune stage's choice on
     the validation set). ``compute_type`` is None where the engine is torch (CTranslate2's only;
@@ -94,7 +94,7 @@ class Decoding:
     def __getattr__(self, name: str) -> Any:   # only names that are not fields get here
         key = name.removesuffix("_from")
         if key not in TUNED:
-            raise AttributeError(f"Decoding has no {name!r} (settings: {', '.join(TUNED)}, and each's _from)")
+            raise AttributeError(f"ChosenDecoding has no {name!r} (settings: {', '.join(TUNED)}, and each's _from)")
         return (self.sources if name.endswith("_from") else self.settings)[key]
 
     def as_dict(self) -> dict[str, Any]:
@@ -139,7 +139,7 @@ def _tune_choice(path: Path, missing: str, engine: str | None) -> dict[str, Any]
                           "(tune searches CTranslate2 only where it can load)") from None
 
 
-def decoding_settings(evaluate: Any, tune_report: str | os.PathLike = TUNE_REPORT) -> Decoding:
+def decoding_settings(evaluate: Any, tune_report: str | os.PathLike = TUNE_REPORT) -> ChosenDecoding:
     """``evaluate``'s (``params.evaluate``: a mapping or an object) ``TUNED`` settings where set,
     the tune stage's choice (``tune_report``, read only when one of them is null) for the others.
 
@@ -170,4 +170,4 @@ def decoding_settings(evaluate: Any, tune_report: str | os.PathLike = TUNE_REPOR
         used = ", ".join(f"{k} {settings[k]} ({sources[k]})" for k in ("engine", "stopping"))
         raise ParamsError(f"evaluate: {used} cannot decode together: "
                           f"{str(err).removeprefix('DecodingConfig.')}") from None
-    return Decoding(settings, sources)
+    return ChosenDecoding(settings, sources)

@@ -89,7 +89,7 @@ def log_translator(run_id: str, model_file: Path, tokenizer_file: Path, register
     version that already holds the same model file of the same run with the same settings (nothing
     logged or registered again).
 
-    ``chosen``: the tuned settings the evaluate stage decoded with (``Decoding.as_dict()``: beam
+    ``chosen``: the tuned settings the evaluate stage decoded with (``ChosenDecoding.as_dict()``: beam
     size, alpha, stopping rule, engine, compute type and, optionally, where each came from); the other
     settings are the run's ``evaluate.*`` params. ``metrics_file`` (default ``reports/evaluate/scores.json``)
     holds the test scores and signatures, ``corpus_stats_file`` (default ``data/corpus/stats.json``) the

@@ -62,9 +62,9 @@ from pipeline.scoring.reports import (
     scores_of_test_sets,
 )
 from pipeline.scoring.sacrebleu_scores import BOOTSTRAP_RESAMPLES, score
-from pipeline.serving.decoding import Decoding, decoding_settings
+from pipeline.serving.decoding import ChosenDecoding, decoding_settings
 from pipeline.serving.engine import AnyTranslator
-from pipeline.serving.split_decoding import build_translator, load_averaged, split_files
+from pipeline.serving.stage_translator import build_translator, load_averaged, split_files
 from pipeline.serving.translator import Translator
 from pipeline.stages.runner import run_stage
 from transformer.atomic import write_json, write_lines
@@ -133,7 +133,8 @@ def tune_record() -> dict[str, Any]:
         return {}
 
 
-def tuned_translations(params: Sections, decoding: Decoding, sentences: int, model_sha256: str) -> list[str] | None:
+def tuned_translations(params: Sections, decoding: ChosenDecoding, sentences: int,
+                       model_sha256: str) -> list[str] | None:
     """The tune stage's translations of the validation set when they are exactly what this stage
     would decode (same model, whole set, same settings); else None."""
     record, e = tune_record(), params.evaluate
@@ -159,7 +160,7 @@ def evaluate(params: Sections) -> dict[str, Any]:
     decoding = decoding_settings(e)
     translator = build_translator(checkpoint, params, **decoding.settings)   # the model and tokenizer checked
     if translator.decoding.engine != decoding.engine:   # CTranslate2 could not decode here (one warning line)
-        decoding = Decoding({**decoding.settings, "engine": "torch", "compute_type": None},
+        decoding = ChosenDecoding({**decoding.settings, "engine": "torch", "compute_type": None},
                             {**decoding.sources, "engine": FALLBACK, "compute_type": FALLBACK})
     print(f"decoding: beam {decoding.beam_size} ({decoding.beam_size_from}), alpha {decoding.alpha:g} "
           f"({decoding.alpha_from}), stopping {decoding.stopping} ({decoding.stopping_from}), engine "
@@ -221,7 +222,7 @@ def evaluate(params: Sections) -> dict[str, Any]:
     return detail
 
 
-def track(params: Sections, metrics: dict[str, Any], decoding: Decoding, seconds: float, model_sha256: str,
+def track(params: Sections, metrics: dict[str, Any], decoding: ChosenDecoding, seconds: float, model_sha256: str,
           decode_seconds: dict[str, float] | None = None) -> None:
     """Log scores (``metrics``: ``reports/evaluate/scores.json``), the decoding settings (tags),
     attention maps, translations and the registered pyfunc model (whose settings carry the beam

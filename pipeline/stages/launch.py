@@ -169,7 +169,7 @@ def launch(processes: int, rendezvous: Rendezvous, module: str) -> int:
     return 0
 
 
-def check_launcher() -> None:
+def exit_if_launcher_gone() -> None:
     """In a process this module started: exit if the stage that launched it is already gone (it
     died before ``parent_death`` could ask the kernel to signal its end: nobody would stop this
     process). ``run_stage`` has made that request by now, so this closes the gap."""

@@ -271,7 +271,7 @@ def launch_if_asked() -> int | None:
     the stage's exit code; ``None`` when this process trains itself (one process on one host, or a
     rank an outer launcher started). What every rank would check first is checked once, here."""
     if launch.under_launcher():
-        launch.check_launcher()
+        launch.exit_if_launcher_gone()
         return None
     params = load_sections(DataParams, TokenizerParams, ModelSection, TrainSection, TrackingParams)
     requested = TrainSection.requested_processes(params.raw.get("train") or {})

@@ -74,7 +74,7 @@ from pipeline.scoring.sacrebleu_scores import score
 from pipeline.serving.ct2_translator import EngineUnavailable
 from pipeline.serving.decoding import TUNE_REPORT
 from pipeline.serving.engine import AnyTranslator
-from pipeline.serving.split_decoding import build_translator, load_averaged, split_files
+from pipeline.serving.stage_translator import build_translator, load_averaged, split_files
 from pipeline.stages.runner import run_stage
 from transformer.atomic import write_json, write_lines
 from transformer.checkpoint import file_sha256

@@ -30,7 +30,7 @@ def links(data: Mapping[str, Any]) -> tuple[set[str], set[str]]:
 
 def send(data: Mapping[str, Any], files: Mapping[str, Path], progress: MutableMapping[str, Any]) -> None:
     """``data``: experiment, section (``evaluate.*`` params), model_sha256, tuned (tune decoded this
-    model), decoding (``Decoding.as_dict()``), values (the metrics to log), registered_model,
+    model), decoding (``ChosenDecoding.as_dict()``), values (the metrics to log), registered_model,
     timestamp (ms). ``files``: FOLDERS, RUN_FILES, MODEL, TOKENIZER, CORPUS_STATS and CT2_MODEL by name."""
     from pipeline.serving.model_logging import log_translator
 
