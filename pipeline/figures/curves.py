@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from transformer.atomic import write_text
-from transformer.training.trainer import TrainerCallback
+from transformer.training.callback import TrainerCallback
 
 # Metrics of the machine, not of the model: printed and tracked, never written to the curves.
 MACHINE_METRICS = frozenset({"train/target_tokens_per_s"})

@@ -47,9 +47,9 @@ class GateError(RuntimeError):
 
 def pending_challenger(root: Path, model_file: Path) -> str:
     """Why there is no challenger yet, when the registration of ``root``'s model waits in the unsent
-    queue (``pipeline.tracking.deferred``: the tracking server was away); "" otherwise. The gate
+    queue (``pipeline.tracking.unsent.deferred``: the tracking server was away); "" otherwise. The gate
     then promotes nothing and fails nothing: the version is registered when the queue is sent."""
-    from pipeline.tracking.deferred import HANDLED_BY, SENT_BY, pending_registration
+    from pipeline.tracking.unsent.deferred import HANDLED_BY, SENT_BY, pending_registration
     from transformer.atomic import file_sha256
 
     model = root / model_file
@@ -300,7 +300,7 @@ def version_files(client: MlflowClient, name: str, version: str, dst: Path,
     """Download a registered version's pyfunc model into ``dst``; returns its artifacts by key:
     ``model`` (the averaged checkpoint: config + weights), ``tokenizer`` (the SentencePiece model)
     and, where it has one, ``ctranslate2`` (the CTranslate2 model's folder), as
-    ``pipeline.serving.model_logging.log_translator`` logged them, and ``MLmodel`` (its metadata)."""
+    ``pipeline.pyfunc.log_version.log_translator`` logged them, and ``MLmodel`` (its metadata)."""
     import mlflow
 
     uri = client.get_model_version_download_uri(name, version)

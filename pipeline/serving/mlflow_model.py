@@ -1,12 +1,12 @@
 """The translator as an MLflow pyfunc model: ``predict`` turns source sentences into translations.
 
-Logged (``pipeline.serving.model_logging.log_translator``) with the averaged checkpoint (artifact
+Logged (``pipeline.pyfunc.log_version.log_translator``) with the averaged checkpoint (artifact
 ``model``), the SentencePiece model (``tokenizer``) and the export stage's CTranslate2 model of the
 same weights (``ctranslate2``, a folder: ``artifacts/ctranslate2/`` in a downloaded version) as
 artifacts and, as code, the modules of the ``transformer`` and ``pipeline`` packages that loading it
-runs (their import closure, ``pipeline.tracking.model_code``: one upload each), so
+runs (their import closure, ``pipeline.pyfunc.model_code``: one upload each), so
 ``mlflow.pyfunc.load_model`` (and ``mlflow models serve``) needs nothing from this repository. The
-model object itself is logged as code (``pipeline.serving.mlflow_model_code``, MLflow's models from
+model object itself is logged as code (``pipeline.pyfunc.mlflow_model_code``, MLflow's models from
 code), never pickled; versions logged before that (a cloudpickled ``TranslatorModel``) still load.
 The decoding settings the evaluate stage scored with, engine and compute type included, travel in
 the model's ``model_config`` (and the request's ones as the defaults of the signature's params; both

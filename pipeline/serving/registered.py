@@ -1,6 +1,6 @@
 """A registered version's decoding settings (§6.1): written in one place, read by one function.
 
-Written by ``pipeline.serving.model_logging.log_translator`` from one ``DecodingConfig``
+Written by ``pipeline.pyfunc.log_version.log_translator`` from one ``DecodingConfig``
 (``to_register``): the ``model_config``'s ``decoding`` holds every setting and is the source of
 truth; the signature's params hold the settings a request may set (``REQUEST``), with the same
 values as defaults, because MLflow's scoring server fills a request's missing params from them.

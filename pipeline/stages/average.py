@@ -15,7 +15,7 @@ from pipeline.config.loader import Sections, load_sections
 from pipeline.config.tracking import TrackingParams
 from pipeline.stages.runner import run_stage
 from transformer.checkpoint import average_checkpoints, file_sha256, save_checkpoint
-from transformer.training.trainer import list_checkpoints
+from transformer.training.checkpoint_files import list_checkpoints
 
 
 def average(last_n: int) -> dict[str, Any]:
@@ -35,12 +35,12 @@ def average(last_n: int) -> dict[str, Any]:
 def record(params: Sections, averaged: dict[str, Any], seconds: float) -> None:
     """Log the averaging into the training run (or a child run when ``average`` params changed) and
     link that run to the averaged model's sha256, where tune and evaluate find it."""
-    from pipeline.tracking import deferred
-    from pipeline.tracking.records import average as sender
+    from pipeline.tracking.unsent import deferred
+    from pipeline.tracking.unsent.records import average as sender
 
     section = {k: v for k, v in params.flat().items() if k.startswith("average.")}
     # The training run: the one that tagged the newest averaged checkpoint as its own. Sent now, or
-    # kept in the unsent queue while the tracking server is away (pipeline.tracking.records.average).
+    # kept in the unsent queue while the tracking server is away (pipeline.tracking.unsent.records.average).
     deferred.submit(sender, {
         "experiment": params.tracking.experiment, "section": section,
         "checkpoint_sha256": file_sha256(averaged["averaged_from"][-1]),

@@ -228,8 +228,8 @@ def track(params: Sections, metrics: dict[str, Any], decoding: ChosenDecoding, s
     attention maps, translations and the registered pyfunc model (whose settings carry the beam
     size, alpha, stopping rule, engine and compute type used; with the CTranslate2 export) into the
     run that the tune stage logged into (the model's, or its child), else the model's own run."""
-    from pipeline.tracking import deferred
-    from pipeline.tracking.records import evaluate as record
+    from pipeline.pyfunc import evaluate_record as record
+    from pipeline.tracking.unsent import deferred
 
     section = {k: v for k, v in params.flat().items() if k.startswith("evaluate.")}
     values = {"time/evaluate_seconds": seconds,

@@ -6,7 +6,7 @@ training settings, data or initial weights changed since that checkpoint, traini
 instead.
 
 Fine-tuning: with ``train.init_from`` set, a training that does not resume starts from that
-model's weights (``transformer.training.trainer.TrainConfig``); ``tokenizer.model_from`` made the token
+model's weights (``transformer.training.train_config.TrainConfig``); ``tokenizer.model_from`` made the token
 stores with the tokenizer those weights were trained with.
 
 Several devices (§5.2): ``train.processes`` (a number, or ``auto`` = every visible GPU) makes the

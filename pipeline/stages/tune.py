@@ -294,12 +294,12 @@ def record(params: Sections, chosen: dict[str, Any], report: dict[str, Any], mod
            times: list[float]) -> None:
     """Log the grid and the choice into the model's run (a child run when ``tune`` params changed), and
     tag it as the run that evaluate logs into."""
-    from pipeline.tracking import deferred
-    from pipeline.tracking.records import tune as sender
+    from pipeline.tracking.unsent import deferred
+    from pipeline.tracking.unsent.records import tune as sender
 
     section = {k: v for k, v in params.flat().items() if k.startswith("tune.")}
     section.update({f"tune.chosen_{k}": chosen[k] for k in SETTINGS})
-    # Sent now, or kept in the unsent queue while the tracking server is away (pipeline.tracking.records.tune).
+    # Sent now, or kept in the unsent queue while the tracking server is away (pipeline.tracking.unsent.records.tune).
     deferred.submit(sender, {"experiment": params.tracking.experiment, "section": section,
                              "model_sha256": model_sha256, "report": report, "seconds": seconds, "times": times,
                              "timestamp": int(time.time() * 1000)},

@@ -3,12 +3,11 @@ concern, so that a stage imports (and DVC reruns it for) only what it uses:
 
 - ``store``: which store (``MLFLOW_TRACKING_URI`` or the embedded SQLite one), the client, experiments;
 - ``tags``: what a run is tagged and named with (commit, data hashes, device);
-- ``buffer``: offline buffering, so that logging never slows or stops training, and the replay of
-  what could not be sent (``python -m pipeline.tracking.replay``);
 - ``links``: a stage finds its run by the sha256 of the files it reads (nothing DVC hashes holds a run id);
 - ``callback``: the trainer's hooks, one run per training;
 - ``runs``: the later stages' records (the training run, or a child run when their params differ);
-- ``unsent``, ``deferred``: the queue of what waits for the server, and what is set aside;
+- ``unsent/``: the queue of what waits for the server (a training's buffered metrics, the stages'
+  records) and what is set aside; ``replay``, its command (``python -m pipeline.tracking.replay``);
 - ``failures``: what a failed call means (refused: stop; away: wait; otherwise: set aside);
 - ``model_card``: what a registered version says about itself, and which version it already is;
 - ``preflight``: before any stage runs, a tracking server's answer to the credentials given.

@@ -1,6 +1,6 @@
 """The trainer's hooks (``MlflowCallback``): one run per training, created or, after a kill,
 continued (found through ``links``); params, tags and metric histories sent through the
-background logger (``buffer``), the training time logged at each checkpoint and at the end.
+background logger (``unsent.buffer``), the training time logged at each checkpoint and at the end.
 
 A training that starts while the tracking server is away (or refuses it) has no run to log into:
 it keeps what it would have logged (params, tags, every metric value, the checkpoint links, its
@@ -18,15 +18,15 @@ from typing import Any
 from mlflow.entities import Metric, RunTag
 from mlflow.tracking import MlflowClient
 
-from pipeline.tracking import deferred
-from pipeline.tracking.buffer import BackgroundLogger, save_unsent
 from pipeline.tracking.failures import best_effort
 from pipeline.tracking.links import LINK_CHECKPOINT, LINK_MODEL, LINK_TRAINING, find_run, fingerprint_sha256, lookup_run
-from pipeline.tracking.records import train as train_record
-from pipeline.tracking.records.train import LINEAGE, UNFINISHED
 from pipeline.tracking.runs import finish_run, log_params
 from pipeline.tracking.store import client, experiment_id, safe_uri, tracking_uri
 from pipeline.tracking.tags import params_hash, run_name, training_lengths
+from pipeline.tracking.unsent import deferred
+from pipeline.tracking.unsent.buffer import BackgroundLogger, save_unsent
+from pipeline.tracking.unsent.records import train as train_record
+from pipeline.tracking.unsent.records.train import LINEAGE, UNFINISHED
 from transformer.atomic import file_sha256
 from transformer.training.trainer import Trainer, TrainerCallback
 

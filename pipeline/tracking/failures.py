@@ -6,7 +6,7 @@ raised (its REST client, its artifact uploads, or ``requests`` underneath):
 - ``AWAY``: no answer (connection refused or reset, a timeout) or a 5xx/429 (the server or its
   database unwell): the record waits in the unsent queue, in order, and is sent when it answers.
 - ``FAILED``: anything else (another 4xx, a file gone or edited, a bug): sending again will not
-  help until someone looks, so the record is set aside (``deferred``) and the others go on.
+  help until someone looks, so the record is set aside (``unsent.deferred``) and the others go on.
 
 ``best_effort`` runs a tracking call whose failure is a warning, never the end of a stage's work,
 except a refusal.

@@ -14,8 +14,8 @@ from typing import Any
 
 from mlflow.tracking import MlflowClient
 
-from pipeline.tracking import deferred
 from pipeline.tracking.store import client
+from pipeline.tracking.unsent import deferred
 
 # Tags linking a run to the files it made (values: the file's sha256); see find_run.
 LINK_CHECKPOINT = "link.checkpoint_sha256"   # every checkpoint the training wrote (the newest last)

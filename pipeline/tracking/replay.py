@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeline.tracking import unsent
+from pipeline.tracking.unsent import on_disk
 
 
 def _handle(args: argparse.Namespace) -> int:
-    from pipeline.tracking import deferred  # MLflow, only when something waits
+    from pipeline.tracking.unsent import deferred  # MLflow, only when something waits
 
     if args.list:
         lines = deferred.listing()
@@ -33,7 +33,7 @@ def _handle(args: argparse.Namespace) -> int:
             return _unknown(args.drop)
         for entry in dropped:
             registers = f" (and with it the registration of {entry['registers']!r})" if entry.get("registers") else ""
-            print(f"MLflow: dropped the set-aside {unsent.entry_name(entry)}{registers}; it will never be sent",
+            print(f"MLflow: dropped the set-aside {on_disk.entry_name(entry)}{registers}; it will never be sent",
                   flush=True)
         return 0
     if args.retry:
@@ -41,8 +41,8 @@ def _handle(args: argparse.Namespace) -> int:
             return _unknown(args.retry)
     else:
         deferred.replay()
-    doc = unsent.load()
-    if unsent.waiting(doc) or doc["set_aside"]:
+    doc = on_disk.load()
+    if on_disk.waiting(doc) or doc["set_aside"]:
         deferred.print_waiting(doc)
         return 0 if args.keep_going else 1
     print("MLflow: everything that waited has been sent", flush=True)
@@ -65,17 +65,17 @@ def main(argv: list[str] | None = None) -> int:
     actions.add_argument("--retry", metavar="ID", help="send a set-aside record (and those it held back) again")
     actions.add_argument("--drop", metavar="ID", help="remove a set-aside record (and those it held back) for good")
     args = parser.parse_args(argv)
-    file = unsent.queue_file()
+    file = on_disk.queue_file()
     if not file.is_file():
         if args.retry or args.drop:
             return _unknown(args.retry or args.drop)
         if not args.quiet:
-            print(f"MLflow: nothing waits to be sent (no {unsent.shown(file)})")
+            print(f"MLflow: nothing waits to be sent (no {on_disk.shown(file)})")
         return 0
     from pipeline.tracking.preflight import CredentialsRefused
 
     try:
-        with unsent.locked():
+        with on_disk.locked():
             return _handle(args)
     except CredentialsRefused as err:   # nothing was dropped: everything waits for the right credentials
         print(f"error: {err}", file=sys.stderr, flush=True)

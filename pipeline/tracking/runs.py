@@ -12,10 +12,10 @@ from typing import Any
 from mlflow.entities import Param
 from mlflow.tracking import MlflowClient
 
-from pipeline.tracking.buffer import save_unsent
 from pipeline.tracking.failures import best_effort
 from pipeline.tracking.store import client, safe_uri, tracking_uri
 from pipeline.tracking.tags import param_value, params_hash
+from pipeline.tracking.unsent.buffer import save_unsent
 
 
 def log_params(c: MlflowClient, run_id: str, params: Mapping[str, Any]) -> list[str]:

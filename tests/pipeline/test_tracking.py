@@ -18,7 +18,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from pipeline.serving.translator import Translator
-from pipeline.tracking import buffer, callback
+from pipeline.tracking import callback
+from pipeline.tracking.unsent import buffer
 from transformer.checkpoint import load_model
 from transformer.config import build_config
 from transformer.model import Transformer

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.tracking import deferred
-from pipeline.tracking.records import average
+from pipeline.tracking.unsent import deferred
+from pipeline.tracking.unsent.records import average
 
 
 def main() -> None:

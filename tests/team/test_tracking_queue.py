@@ -1,7 +1,7 @@
 """The unsent queue against the stack's real MLflow server, without a training: a refusal is never
 queued; a record the server will not take for another reason is set aside with the records that
 need it, the others go on, and ``python -m pipeline.tracking.replay --list / --retry / --drop``
-handle it. The records are the stages' own (``pipeline.tracking.records``), sent by the queue's
+handle it. The records are the stages' own (``pipeline.tracking.unsent.records``), sent by the queue's
 own code; "away" is a port where nothing listens, as a client sees a server that is down."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import pytest
 import yaml
 from mlflow.entities import Metric
 
-from pipeline.tracking import buffer, deferred, unsent
+from pipeline.pyfunc import evaluate_record
 from pipeline.tracking.links import LINK_CHECKPOINT, LINK_MODEL
 from pipeline.tracking.preflight import CredentialsRefused
-from pipeline.tracking.records import average as average_record
-from pipeline.tracking.records import evaluate as evaluate_record
+from pipeline.tracking.unsent import buffer, deferred, on_disk
+from pipeline.tracking.unsent.records import average as average_record
 
 from ..pipeline.conftest import BIN
 from ..pipeline.tracking.test_offline_training import nowhere
@@ -91,7 +91,7 @@ def test_a_record_the_server_will_not_take_is_set_aside_with_what_needs_it(repos
                                       "registered_model": "queue-model", "timestamp": 1_700_000_000_000},
                     files={"model.pt": model}, pinned={"model.pt": hashlib.sha256(model.read_bytes()).hexdigest()},
                     registers="queue-model")
-    doc = unsent.load()
+    doc = on_disk.load()
     assert [r["stage"] for r in doc["records"]] == ["average", "average", "evaluate"] and killed in doc["runs"]
     evaluate_id = doc["records"][2]["id"]
     # Meanwhile the training's run was deleted on the server, and the kept model edited by hand.
@@ -104,7 +104,7 @@ def test_a_record_the_server_will_not_take_is_set_aside_with_what_needs_it(repos
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     assert deferred.replay() == 0
     err = capsys.readouterr().err
-    doc = unsent.load()
+    doc = on_disk.load()
     run_entry, held, edited = doc["set_aside"]
     assert (run_entry["stage"], run_entry["run_id"], held["stage"], edited["id"]) == ("run", killed, "average",
                                                                                       evaluate_id)
@@ -137,7 +137,7 @@ def test_a_record_the_server_will_not_take_is_set_aside_with_what_needs_it(repos
     run = client.get_run(killed)
     assert run.info.status == "FINISHED" and run.data.tags[LINK_CHECKPOINT] == c1 and run.data.tags[LINK_MODEL] == m1
     assert [m.step for m in client.get_metric_history(killed, "train/loss")] == [40]
-    assert [e["id"] for e in unsent.load()["set_aside"]] == [evaluate_id]
+    assert [e["id"] for e in on_disk.load()["set_aside"]] == [evaluate_id]
 
     # --drop: the edited record and its registration go for good, with their kept files.
     dropped = replay_cli(repository, "--drop", evaluate_id)

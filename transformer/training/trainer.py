@@ -29,15 +29,7 @@ from ..precision import autocast, check_precision, default_device, resolve_preci
 from . import rng_states
 from .batching import Batch, DataPosition, TokenBatchSampler, collate, update_positions
 from .callback import TrainerCallback
-from .checkpoint_files import (  # noqa: F401  (API: the pipeline lists checkpoints through the trainer)
-    CHECKPOINT_PATTERN,
-    checkpoint_name,
-    checkpoint_step,
-    list_checkpoints,
-    list_resume_points,
-    prune,
-    remove_unfinished_writes,
-)
+from .checkpoint_files import checkpoint_name, list_checkpoints, prune, remove_unfinished_writes
 from .evaluation import evaluate_loss
 from .loss import projected_label_smoothed_cross_entropy
 from .prefetch import Prefetcher

@@ -23,9 +23,9 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from pipeline.config.decoding import DecodingConfig
+from pipeline.pyfunc.log_version import log_translator
 from pipeline.serving import mlflow_server
 from pipeline.serving.mlflow_model import MAX_CHARS
-from pipeline.serving.model_logging import log_translator
 from pipeline.serving.translator import Translator, load_translator
 from pipeline.tracking.callback import MlflowCallback
 from pipeline.tracking.runs import log_params

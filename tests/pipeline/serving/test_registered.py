@@ -23,10 +23,10 @@ from mlflow.types.schema import ParamSchema, ParamSpec
 
 from pipeline.config.decoding import RULES, DecodingConfig
 from pipeline.flows import gate
+from pipeline.pyfunc.log_version import log_translator
 from pipeline.serving.ct2_translator import CT2Translator, load_ct2_translator
 from pipeline.serving.export import export_ctranslate2
 from pipeline.serving.mlflow_model import TranslatorModel
-from pipeline.serving.model_logging import log_translator
 from pipeline.serving.registered import SettingsNotRecorded, mlmodel_settings, registered_settings, to_register
 from pipeline.serving.server.model_source import load_version
 from pipeline.serving.translator import Translator, load_translator

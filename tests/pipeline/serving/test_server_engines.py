@@ -28,9 +28,9 @@ import pytest
 from mlflow.entities import Param
 
 from pipeline.config.decoding import TUNED, DecodingConfig
+from pipeline.pyfunc.log_version import log_translator
 from pipeline.serving.ct2_translator import CT2Translator, load_ct2_translator
 from pipeline.serving.export import export_ctranslate2
-from pipeline.serving.model_logging import log_translator
 from pipeline.serving.translator import Translator, load_translator
 from pipeline.tracking.store import CHAMPION_ALIAS
 from transformer.checkpoint import load_model

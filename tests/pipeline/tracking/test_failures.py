@@ -14,8 +14,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from mlflow.tracking import MlflowClient
 
-from pipeline.tracking import failures, unsent
+from pipeline.tracking import failures
 from pipeline.tracking.preflight import CredentialsRefused, check_credentials
+from pipeline.tracking.unsent import on_disk
 
 from .test_offline_training import nowhere
 
@@ -127,13 +128,13 @@ def test_the_queue_lies_at_the_repository_root_from_any_of_its_folders(tmp_path,
     temporary.mkdir()
     for folder in (repo, repo / "reports" / "deep", temporary.parent, temporary):
         monkeypatch.chdir(folder)
-        assert unsent.repository_root() == repo.resolve()
-        assert unsent.queue_file() == repo.resolve() / "reports" / "mlflow_unsent.json"
+        assert on_disk.repository_root() == repo.resolve()
+        assert on_disk.queue_file() == repo.resolve() / "reports" / "mlflow_unsent.json"
     monkeypatch.chdir(temporary.parent)
-    assert unsent.shown(unsent.queue_file()) == str(repo.resolve() / "reports" / "mlflow_unsent.json")
+    assert on_disk.shown(on_disk.queue_file()) == str(repo.resolve() / "reports" / "mlflow_unsent.json")
     monkeypatch.chdir(repo)
-    assert unsent.shown(unsent.queue_file()) == "reports/mlflow_unsent.json"
+    assert on_disk.shown(on_disk.queue_file()) == "reports/mlflow_unsent.json"
     outside = tmp_path / "plain"
     outside.mkdir()
     monkeypatch.chdir(outside)   # no repository: the working folder, as before
-    assert unsent.queue_file() == outside.resolve() / "reports" / "mlflow_unsent.json"
+    assert on_disk.queue_file() == outside.resolve() / "reports" / "mlflow_unsent.json"

@@ -11,9 +11,10 @@ import socket
 import pytest
 from mlflow.tracking import MlflowClient
 
-from pipeline.tracking import callback, deferred, unsent
+from pipeline.tracking import callback
 from pipeline.tracking.links import LINK_CHECKPOINT
-from pipeline.tracking.records import train as train_record
+from pipeline.tracking.unsent import deferred, on_disk
+from pipeline.tracking.unsent.records import train as train_record
 from transformer.atomic import file_sha256
 from transformer.config import build_config
 from transformer.model import Transformer
@@ -43,7 +44,7 @@ def test_a_training_without_a_server_queues_its_run_and_the_replay_makes_it(tmp_
     err = capsys.readouterr().err
     assert "warning: MLflow: no run at http://127.0.0.1:" in err
     assert "waiting in reports/mlflow_unsent.json" in err and "the train record(s)" in err
-    (record,) = json.loads(unsent.UNSENT_FILE.read_text())["records"]
+    (record,) = json.loads(on_disk.UNSENT_FILE.read_text())["records"]
     assert record["stage"] == "train" and record["data"]["status"] == "FINISHED"
     newest = list_checkpoints(tmp_path / "checkpoints")[-1]
     assert record["data"]["link_tags"] == {LINK_CHECKPOINT: file_sha256(newest)}
@@ -60,10 +61,10 @@ def test_a_training_without_a_server_queues_its_run_and_the_replay_makes_it(tmp_
 
     monkeypatch.setattr(train_record, "log_params", fails_after_the_run_is_made)
     assert deferred.replay(quiet=True) == 1
-    half = json.loads(unsent.UNSENT_FILE.read_text())["records"][0]["progress"]
+    half = json.loads(on_disk.UNSENT_FILE.read_text())["records"][0]["progress"]
     assert half["created"] and half["run_id"]
     monkeypatch.setattr(train_record, "log_params", real_log_params)
-    assert deferred.replay(quiet=True) == 0 and not unsent.UNSENT_FILE.exists()
+    assert deferred.replay(quiet=True) == 0 and not on_disk.UNSENT_FILE.exists()
     assert f"MLflow: made run {half['run_id']} from the training's record" in capsys.readouterr().out
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")

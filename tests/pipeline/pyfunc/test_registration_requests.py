@@ -25,10 +25,9 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from pipeline.config.decoding import DecodingConfig
+from pipeline.pyfunc import evaluate_record, model_code
 from pipeline.serving.translator import load_translator
-from pipeline.tracking import model_code
 from pipeline.tracking.links import LINK_MODEL
-from pipeline.tracking.records import evaluate
 from pipeline.tracking.runs import log_params
 from transformer.checkpoint import model_checkpoint, save_checkpoint
 from transformer.config import build_config
@@ -122,7 +121,7 @@ def registered(server, tmp_path_factory):
                 "decoding": {"beam_size": 2, "alpha": 0.6, "stopping": "fairseq"},
                 "values": {"test/test_2016_flickr/bleu": 1.5}, "registered_model": NAME,
                 "timestamp": int(time.time() * 1000)}
-        files = {evaluate.MODEL: root / "model.pt", evaluate.TOKENIZER: root / "spm.model",
+        files = {evaluate_record.MODEL: root / "model.pt", evaluate_record.TOKENIZER: root / "spm.model",
                  "scores.json": root / "scores.json"}
         counted: collections.Counter = collections.Counter()
         request = requests.Session.request
@@ -134,7 +133,7 @@ def registered(server, tmp_path_factory):
 
         progress: dict = {}
         mp.setattr(requests.Session, "request", counting)
-        evaluate.send(data, files, progress)
+        evaluate_record.send(data, files, progress)
     return client, run.info.run_id, progress["version"], counted, root
 
 

@@ -18,6 +18,8 @@ from pipeline.tracking.links import LINK_MODEL, LINK_TUNED, lookup_run
 from pipeline.tracking.runs import not_tracked, own_run
 from pipeline.tracking.store import client
 
+STAGE = "tune"   # the stage whose record this module sends (``deferred.SENDERS``)
+
 REPORT, DETAIL = "tune.json", "scores.json"   # the reports' names among the record's files (docs/metrics.md)
 
 

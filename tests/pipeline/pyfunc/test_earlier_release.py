@@ -28,7 +28,7 @@ from pipeline.config.decoding import DecodingConfig
 from pipeline.serving.translator import load_translator
 
 from ..conftest import REPO
-from .test_mlflow_server import NAME, SOURCES, registered_in_temp_store
+from ..serving.test_mlflow_server import NAME, SOURCES, registered_in_temp_store
 
 pytestmark = pytest.mark.service
 

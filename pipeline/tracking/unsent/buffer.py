@@ -17,9 +17,10 @@ from collections.abc import Mapping
 from mlflow.entities import Metric, RunTag
 from mlflow.tracking import MlflowClient
 
-from pipeline.tracking import failures, unsent
+from pipeline.tracking import failures
 from pipeline.tracking.store import client
-from pipeline.tracking.unsent import UNSENT_FILE, shown
+from pipeline.tracking.unsent import on_disk
+from pipeline.tracking.unsent.on_disk import UNSENT_FILE, shown
 
 __all__ = ["UNSENT_FILE", "BackgroundLogger", "replay_unsent", "save_unsent"]
 
@@ -99,18 +100,18 @@ def save_unsent(run_id: str, metrics: list[Metric], tags: Mapping[str, str] | No
     values, the newest value of tags, and the run's end status."""
     if not run_id or not (metrics or tags or status):
         return
-    with unsent.locked():
-        doc = unsent.load()
+    with on_disk.locked():
+        doc = on_disk.load()
         entry = doc["runs"].setdefault(run_id, {"metrics": [], "tags": {}, "status": None})
         entry["metrics"] += [{"key": m.key, "value": m.value, "step": m.step, "timestamp": m.timestamp}
                              for m in metrics]
         entry["tags"].update(tags or {})
         entry["status"] = status or entry["status"]
-        unsent.save(doc)
+        on_disk.save(doc)
     what = [f"{len(metrics)} metric values" if metrics else "", f"{len(tags)} tags" if tags else "",
             f"the run's end ({status})" if status else ""]
     print(f"warning: MLflow: {', '.join(w for w in what if w)} of run {run_id} could not be sent; kept in "
-          f"{shown(unsent.queue_file())}, sent when the server is back (next stage, or python -m "
+          f"{shown(on_disk.queue_file())}, sent when the server is back (next stage, or python -m "
           "pipeline.tracking.replay)",
           file=sys.stderr, flush=True)
 
@@ -122,10 +123,10 @@ def replay_unsent(c: MlflowClient | None = None, quiet: bool = False) -> int:
     waiting line says it), never an error; a run the server will not take for another reason (deleted,
     say) is set aside (``deferred``); refused credentials raise ``CredentialsRefused``, keeping all.
     The stages' waiting records are ``deferred.replay``'s, which calls this first."""
-    if not unsent.queue_file().is_file():   # nothing waits: no lock taken, so no lock file left behind
+    if not on_disk.queue_file().is_file():   # nothing waits: no lock taken, so no lock file left behind
         return 0
-    with unsent.locked():
-        doc = unsent.load()
+    with on_disk.locked():
+        doc = on_disk.load()
         runs = doc["runs"]
         if not runs:
             return 0
@@ -147,18 +148,18 @@ def replay_unsent(c: MlflowClient | None = None, quiet: bool = False) -> int:
                     if failures.classify(err) != failures.FAILED:
                         raise
                     aside = {"id": run_id[:12], "stage": "run", "run_id": run_id, "entry": runs.pop(run_id)}
-                    unsent.set_aside(doc, aside, failures.reason(err))
-                    unsent.print_set_aside(aside)
+                    on_disk.set_aside(doc, aside, failures.reason(err))
+                    on_disk.print_set_aside(aside)
                     continue
                 del runs[run_id]
                 print(f"MLflow: replayed into run {run_id} what it could not send before: {len(metrics)} metric "
                       f"values, {len(entry['tags'])} tags{', its end' if entry['status'] else ''}", flush=True)
         except Exception as err:
             if failures.classify(err) == failures.REFUSED:
-                unsent.save(doc)
+                on_disk.save(doc)
                 raise failures.refusal(err) from None
             if not quiet:   # the server still away: keep the rest for the next try
-                print(f"warning: MLflow replay of {shown(unsent.queue_file())} failed ({failures.reason(err)}); "
+                print(f"warning: MLflow replay of {shown(on_disk.queue_file())} failed ({failures.reason(err)}); "
                       "kept for the next try", file=sys.stderr, flush=True)
-        unsent.save(doc)
+        on_disk.save(doc)
         return len(runs)

@@ -14,6 +14,8 @@ from pipeline.tracking.links import LINK_CHECKPOINT, LINK_MODEL, lookup_run
 from pipeline.tracking.runs import not_tracked, own_run
 from pipeline.tracking.store import client
 
+STAGE = "average"   # the stage whose record this module sends (``deferred.SENDERS``)
+
 
 def links(data: Mapping[str, Any]) -> tuple[set[str], set[str]]:
     """(what the record needs found on the server, what it links there): the training's newest

@@ -3,7 +3,7 @@
 A later stage's record (average, tune, evaluate: the run lookup by content hash, params, metrics,
 artifacts, the pyfunc model and its registration) is data plus files, handed to ``submit``. It is
 sent at once when nothing waits before it and the store answers; otherwise it joins the unsent
-queue (``unsent``) with copies of its files (the model pinned by its sha256), and ``replay`` sends
+queue (``on_disk``) with copies of its files (the model pinned by its sha256), and ``replay`` sends
 it later, in order, after the training runs' own unsent metrics and tags: from the next stage,
 ``make push`` or ``python -m pipeline.tracking.replay``. A record that fails half-way keeps what it
 did (``progress``: its run, its registered version) so that a replay never registers twice.
@@ -14,8 +14,9 @@ the record aside with its reason, together with the later records that need what
 same run: ``links`` of each sender), and the others go on. ``python -m pipeline.tracking.replay
 --list`` shows what is set aside, ``--retry ID`` and ``--drop ID`` handle it.
 
-The senders live in ``pipeline.tracking.records.<stage>``, imported by name here so that a stage's
-code (and its DVC deps) holds only its own sender; a replay may run another stage's.
+The senders live in ``pipeline.tracking.unsent.records.<stage>`` and, for the evaluate stage's record
+(the registered pyfunc model), ``pipeline.pyfunc.evaluate_record`` (``SENDERS``), imported by name here
+so that a stage's code (and its DVC deps) holds only its own sender; a replay may run another stage's.
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from pipeline.tracking import failures, unsent
+from pipeline.tracking import failures
 from pipeline.tracking.store import safe_uri, tracking_uri
-from pipeline.tracking.unsent import HANDLED_BY, shown
+from pipeline.tracking.unsent import on_disk
+from pipeline.tracking.unsent.on_disk import HANDLED_BY, shown
 
 SENT_BY = "the next stage, make push or python -m pipeline.tracking.replay"
 
@@ -45,8 +47,15 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+# Each stage's sender, by the stage a record names. A replay may run any of them, so they are named
+# here and imported by name (a stage imports its own: its DVC deps hold no other stage's code). The
+# evaluate record registers the pyfunc model, whose package sits above tracking's.
+SENDERS = {"train": "pipeline.tracking.unsent.records.train", "average": "pipeline.tracking.unsent.records.average",
+           "tune": "pipeline.tracking.unsent.records.tune", "evaluate": "pipeline.pyfunc.evaluate_record"}
+
+
 def _sender(stage: str) -> Any:
-    return importlib.import_module(f"pipeline.tracking.records.{stage}")
+    return importlib.import_module(SENDERS[stage])
 
 
 def _send(record: dict[str, Any], files: Mapping[str, Path]) -> None:
@@ -75,7 +84,7 @@ def _blocker(record: Mapping[str, Any], aside: list[dict[str, Any]]) -> dict[str
 def _pin(record: dict[str, Any], files: Mapping[str, Path], pinned: Mapping[str, str]) -> None:
     """Copy the record's files into its own folder of the spool; ``pinned`` files (name -> sha256)
     must still hold that content, else the record is refused rather than sending another file."""
-    spool = unsent.spool_dir()
+    spool = on_disk.spool_dir()
     folder = spool / record["id"]
     folder.mkdir(parents=True, exist_ok=True)
     copied = {}
@@ -97,7 +106,7 @@ def _pin(record: dict[str, Any], files: Mapping[str, Path], pinned: Mapping[str,
 
 def _spooled(record: dict[str, Any]) -> dict[str, Path]:
     """The record's kept files; a pinned one whose content changed on disk is an error, never sent."""
-    spool = unsent.spool_dir()
+    spool = on_disk.spool_dir()
     files = {name: spool / relative for name, relative in record.get("files", {}).items()}
     for name, sha in record.get("pinned", {}).items():
         if name in files and (not files[name].is_file() or _sha256(files[name]) != sha):
@@ -110,22 +119,24 @@ def submit(sender: ModuleType, data: dict[str, Any], files: Mapping[str, Path] |
     """Send a stage's record now, or keep it in the queue when something waits before it or the store
     is away; set it aside when it fails otherwise or needs a set-aside record. Raises only
     ``CredentialsRefused`` (401/403: nothing kept, the stage stops with one line). ``sender``: the
-    stage's module of ``pipeline.tracking.records`` (imported by the stage itself, so that its DVC
-    deps name it); ``files``: name -> file or folder the sender reads; ``pinned``: name -> sha256 of
-    those that must be sent as they are (the model); ``registers``: the registered model's name when
-    the record registers a version (the waiting line says so)."""
-    stage = sender.__name__.rsplit(".", 1)[-1]
+    stage's sender module (``SENDERS``; imported by the stage itself, so that its DVC deps name it);
+    ``files``: name -> file or folder the sender reads; ``pinned``: name -> sha256 of those that must
+    be sent as they are (the model); ``registers``: the registered model's name when the record
+    registers a version (the waiting line says so)."""
+    stage = sender.STAGE
+    if SENDERS.get(stage) != sender.__name__:   # a replay would not find it
+        raise ValueError(f"{sender.__name__} is not the sender of stage {stage!r} in SENDERS")
     record = {"id": uuid.uuid4().hex[:12], "stage": stage, "data": data, "progress": {},
               "registers": registers, "model_sha256": data.get("model_sha256")}
     files = dict(files or {})
-    with unsent.locked():
+    with on_disk.locked():
         replay(quiet=True)
-        doc = unsent.load()
+        doc = on_disk.load()
         blocker = _blocker(record, doc["set_aside"])
         reason, aside = "", False
         if blocker is not None:
-            reason, aside = f"needs the set-aside {unsent.entry_name(blocker)}", True
-        elif unsent.waiting(doc):
+            reason, aside = f"needs the set-aside {on_disk.entry_name(blocker)}", True
+        elif on_disk.waiting(doc):
             reason = "earlier records wait"
         else:
             try:
@@ -141,14 +152,14 @@ def submit(sender: ModuleType, data: dict[str, Any], files: Mapping[str, Path] |
             except (OSError, ValueError) as err:
                 print(f"error: MLflow: the {stage} record could not be kept ({err}); it is lost", file=sys.stderr)
                 return
-            doc = unsent.load()
+            doc = on_disk.load()
             if aside:
-                unsent.set_aside(doc, record, reason, held_by=blocker["id"] if blocker else None)
-                unsent.print_set_aside(record)
+                on_disk.set_aside(doc, record, reason, held_by=blocker["id"] if blocker else None)
+                on_disk.print_set_aside(record)
             else:
                 record["reason"] = reason
                 doc["records"].append(record)
-            unsent.save(doc)
+            on_disk.save(doc)
         print_waiting(doc if reason else None)
 
 
@@ -160,9 +171,9 @@ def _replay_records(doc: dict[str, Any], quiet: bool) -> None:
         record = records[0]
         blocker = _blocker(record, doc["set_aside"])
         if blocker is not None:
-            needs = f"needs the set-aside {unsent.entry_name(blocker)}"
-            unsent.set_aside(doc, records.pop(0), needs, held_by=blocker["id"])
-            unsent.print_set_aside(record)
+            needs = f"needs the set-aside {on_disk.entry_name(blocker)}"
+            on_disk.set_aside(doc, records.pop(0), needs, held_by=blocker["id"])
+            on_disk.print_set_aside(record)
             continue
         try:
             _send(record, _spooled(record))
@@ -176,11 +187,11 @@ def _replay_records(doc: dict[str, Any], quiet: bool) -> None:
                     print(f"warning: MLflow: the waiting {record['stage']} record could not be sent yet "
                           f"({record['reason']})", file=sys.stderr, flush=True)
                 return
-            unsent.set_aside(doc, records.pop(0), failures.reason(err))
-            unsent.print_set_aside(record)
+            on_disk.set_aside(doc, records.pop(0), failures.reason(err))
+            on_disk.print_set_aside(record)
             continue
         records.pop(0)
-        print(f"MLflow: sent the {record['stage']} record that waited in {shown(unsent.queue_file())}"
+        print(f"MLflow: sent the {record['stage']} record that waited in {shown(on_disk.queue_file())}"
               + (f" (registered {record['registers']!r} version {record['progress']['version']})"
                  if record["progress"].get("version") else ""), flush=True)
 
@@ -190,19 +201,19 @@ def replay(quiet: bool = False) -> int:
     the first record whose server is away (those after it may need it: a tune record finds its run
     through the average record's link). Returns how many things still wait (set-aside ones aside);
     raises ``CredentialsRefused`` on a 401/403, keeping everything."""
-    from pipeline.tracking.buffer import replay_unsent
+    from pipeline.tracking.unsent.buffer import replay_unsent
 
-    if not unsent.queue_file().is_file():   # nothing waits: no lock taken, so no lock file left behind
+    if not on_disk.queue_file().is_file():   # nothing waits: no lock taken, so no lock file left behind
         return 0
-    with unsent.locked():
+    with on_disk.locked():
         runs_left = replay_unsent(quiet=quiet)
-        doc = unsent.load()
+        doc = on_disk.load()
         if runs_left or not doc["records"]:
             return runs_left + len(doc["records"])
         try:
             _replay_records(doc, quiet)
         finally:
-            unsent.save(doc)
+            on_disk.save(doc)
         return len(doc["records"])
 
 
@@ -218,8 +229,8 @@ def _family(doc: Mapping[str, Any], entry_id: str) -> list[dict[str, Any]]:
 def retry(entry_id: str) -> list[dict[str, Any]]:
     """Put the set-aside entry and those it held back at the head of the queue (a run's leftovers
     back among the runs) and replay; returns them (empty: no such entry)."""
-    with unsent.locked():
-        doc = unsent.load()
+    with on_disk.locked():
+        doc = on_disk.load()
         family = _family(doc, entry_id)
         if not family:
             return []
@@ -233,34 +244,34 @@ def retry(entry_id: str) -> list[dict[str, Any]]:
             else:
                 records.append(entry)
         doc["records"] = records + doc["records"]
-        unsent.save(doc)
+        on_disk.save(doc)
         replay()
         return family
 
 
 def drop(entry_id: str) -> list[dict[str, Any]]:
     """Remove the set-aside entry and those it held back, with their kept files; returns them."""
-    with unsent.locked():
-        doc = unsent.load()
+    with on_disk.locked():
+        doc = on_disk.load()
         family = _family(doc, entry_id)
         doc["set_aside"] = [e for e in doc["set_aside"] if e not in family]
-        unsent.save(doc)
+        on_disk.save(doc)
         return family
 
 
 def listing(doc: Mapping[str, Any] | None = None) -> list[str]:
     """One line per waiting run, waiting record and set-aside entry (its ID first: what ``--retry``
     and ``--drop`` take), for ``replay --list``."""
-    doc = doc if doc is not None else unsent.load()
+    doc = doc if doc is not None else on_disk.load()
     lines = []
     for run_id, entry in doc["runs"].items():
         lines.append(f"waiting: leftovers of run {run_id}: {len(entry['metrics'])} metric values, "
                      f"{len(entry['tags'])} tags" + (f", its end ({entry['status']})" if entry.get("status") else ""))
     for record in doc["records"]:
-        lines.append(f"waiting: {unsent.entry_name(record)}{_registers(record)}"
+        lines.append(f"waiting: {on_disk.entry_name(record)}{_registers(record)}"
                      + (f" ({record['reason']})" if record.get("reason") else ""))
     for entry in doc["set_aside"]:
-        lines.append(f"{entry['id']}  set aside {entry.get('set_aside_at', '')}: {unsent.entry_name(entry)}"
+        lines.append(f"{entry['id']}  set aside {entry.get('set_aside_at', '')}: {on_disk.entry_name(entry)}"
                      f"{_registers(entry)}: {entry['reason']}")
     return lines
 
@@ -289,15 +300,15 @@ def describe(doc: Mapping[str, Any]) -> str:
 
 def print_waiting(doc: Mapping[str, Any] | None = None) -> None:
     """One line on stderr saying what waits for the tracking server, and what is set aside, when anything is."""
-    doc = doc if doc is not None else unsent.load()
+    doc = doc if doc is not None else on_disk.load()
     aside = doc.get("set_aside") or []
-    held = (f"set aside, not sent until handled: {', '.join(unsent.entry_name(e) for e in aside)} ({HANDLED_BY})"
+    held = (f"set aside, not sent until handled: {', '.join(on_disk.entry_name(e) for e in aside)} ({HANDLED_BY})"
             if aside else "")
-    if unsent.waiting(doc):   # type: ignore[arg-type]
-        print(f"warning: MLflow: waiting in {shown(unsent.queue_file())} for {safe_uri(tracking_uri())}: "
+    if on_disk.waiting(doc):   # type: ignore[arg-type]
+        print(f"warning: MLflow: waiting in {shown(on_disk.queue_file())} for {safe_uri(tracking_uri())}: "
               f"{describe(doc)}; sent by {SENT_BY}" + (f"; {held}" if held else ""), file=sys.stderr, flush=True)
     elif held:
-        print(f"warning: MLflow: in {shown(unsent.queue_file())}, {held}", file=sys.stderr, flush=True)
+        print(f"warning: MLflow: in {shown(on_disk.queue_file())}, {held}", file=sys.stderr, flush=True)
 
 
 def pending_registration(model_sha256: str, root: Path = Path(".")) -> dict[str, Any] | None:
@@ -305,7 +316,7 @@ def pending_registration(model_sha256: str, root: Path = Path(".")) -> dict[str,
     queue of ``root``'s repository, if any (the promotion gate's "no challenger yet")."""
     import json
 
-    file = unsent.repository_root(root) / unsent.UNSENT_FILE
+    file = on_disk.repository_root(root) / on_disk.UNSENT_FILE
     try:
         doc = json.loads(file.read_text())
         records = [*(doc.get("records") or []), *(doc.get("set_aside") or [])]

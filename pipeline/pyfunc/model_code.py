@@ -1,5 +1,5 @@
 """The code a logged pyfunc model needs when it is loaded: the files of the repository's packages
-that loading the model (MLflow running ``pipeline/serving/mlflow_model_code.py``, which imports the
+that loading the model (MLflow running ``pipeline/pyfunc/mlflow_model_code.py``, which imports the
 model class) and its ``load_context``/``predict`` import, found in
 their source (every ``import`` at module level or inside a function, not under ``if TYPE_CHECKING``;
 the rules of ``tests/test_dependencies.py``'s import graph), and nothing else.

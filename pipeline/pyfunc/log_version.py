@@ -1,7 +1,7 @@
 """Logging the translator's pyfunc model (``pipeline.serving.mlflow_model``) into the evaluate stage's
 MLflow run and registering it with its model card: the averaged checkpoint, the tokenizer and the
-CTranslate2 export as artifacts, the code loading it runs (``pipeline.tracking.model_code``) as
-``code_paths``, and the model object as code (``pipeline.serving.mlflow_model_code``, MLflow's models
+CTranslate2 export as artifacts, the code loading it runs (``pipeline.pyfunc.model_code``) as
+``code_paths``, and the model object as code (``pipeline.pyfunc.mlflow_model_code``, MLflow's models
 from code): nothing of a version is pickled.
 """
 
@@ -99,10 +99,10 @@ def log_translator(run_id: str, model_file: Path, tokenizer_file: Path, register
     from mlflow.models import infer_signature
 
     from pipeline.config import paths
+    from pipeline.pyfunc import mlflow_model_code, model_code
     from pipeline.scoring.reports import EVALUATE_SCORES
-    from pipeline.serving import mlflow_model_code
     from pipeline.serving.registered import to_register
-    from pipeline.tracking import model_card, model_code
+    from pipeline.tracking import model_card
     from transformer.atomic import file_sha256
     from transformer.checkpoint import load_checkpoint
 

@@ -15,6 +15,8 @@ from pipeline.tracking.links import LINK_MODEL, LINK_TUNED, lookup_run
 from pipeline.tracking.runs import not_tracked, own_run
 from pipeline.tracking.store import client
 
+STAGE = "evaluate"   # the stage whose record this module sends (``deferred.SENDERS``)
+
 # The record's files by name: folders logged as they are, files under "run/", the model and tokenizer.
 FOLDERS = ("attention", "translations")
 RUN_FILES = ("params.yaml", "dvc.lock", "metrics.json", "scores.json")   # scores.json: reports/evaluate/'s detail
@@ -32,7 +34,7 @@ def send(data: Mapping[str, Any], files: Mapping[str, Path], progress: MutableMa
     """``data``: experiment, section (``evaluate.*`` params), model_sha256, tuned (tune decoded this
     model), decoding (``ChosenDecoding.as_dict()``), values (the metrics to log), registered_model,
     timestamp (ms). ``files``: FOLDERS, RUN_FILES, MODEL, TOKENIZER, CORPUS_STATS and CT2_MODEL by name."""
-    from pipeline.serving.model_logging import log_translator
+    from pipeline.pyfunc.log_version import log_translator
 
     c = client()
     experiment, sha = data["experiment"], data["model_sha256"]

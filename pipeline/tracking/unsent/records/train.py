@@ -23,6 +23,8 @@ from pipeline.tracking.links import LINK_CHECKPOINT, LINK_MODEL, LINK_TRAINING, 
 from pipeline.tracking.runs import log_params
 from pipeline.tracking.store import client, experiment_id
 
+STAGE = "train"   # the stage whose record this module sends (``deferred.SENDERS``)
+
 UNFINISHED = "attributes.status != 'FINISHED'"   # running, failed or killed: a training may continue it
 LINEAGE = "lineage.continued_from_run"   # on a new run: the finished run whose model it trains further
 BATCH = 1000   # MLflow's log_batch limit

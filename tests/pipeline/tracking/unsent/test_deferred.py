@@ -1,4 +1,4 @@
-"""pipeline/tracking/deferred.py and buffer.py's replay: what waits for the tracking server, said in
+"""pipeline/tracking/unsent/deferred.py and buffer.py's replay: what waits for the tracking server, said in
 one line per stage while the server is away (the replay's own failure is silent there, said by the
 command that replays by hand), and no lock taken, nor its file made, when nothing waits."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from mlflow.entities import Metric
 
-from pipeline.tracking import buffer, deferred, unsent
-from pipeline.tracking.records import average as average_record
+from pipeline.tracking.unsent import buffer, deferred, on_disk
+from pipeline.tracking.unsent.records import average as average_record
 
-from .test_offline_training import nowhere
+from ..test_offline_training import nowhere
 
 pytestmark = pytest.mark.fast
 
@@ -35,7 +35,7 @@ def test_a_stage_says_what_waits_in_one_line_while_the_server_is_away(tmp_path, 
     (line,) = captured.err.splitlines()
     assert line.startswith("warning: MLflow: waiting in reports/mlflow_unsent.json for http://127.0.0.1:")
     assert "metrics/tags of run(s) aaaaaaaa; the average record(s); sent by the next stage" in line
-    doc = unsent.load()
+    doc = on_disk.load()
     assert list(doc["runs"]) == ["a" * 32] and [r["stage"] for r in doc["records"]] == ["average"]
 
     # By hand (python -m pipeline.tracking.replay, make push): the replay says why it failed.
@@ -43,3 +43,17 @@ def test_a_stage_says_what_waits_in_one_line_while_the_server_is_away(tmp_path, 
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("warning: MLflow replay of reports/mlflow_unsent.json failed (MlflowException: ")
     assert line.endswith("kept for the next try")
+
+
+def test_a_replay_finds_every_stages_sender_by_the_stage_its_record_names():
+    import importlib
+    import types
+
+    for stage, name in deferred.SENDERS.items():   # the evaluate stage's among them, in pipeline/pyfunc/
+        sender = importlib.import_module(name)
+        assert sender.STAGE == stage and callable(sender.send) and callable(sender.links)
+    assert set(deferred.SENDERS) == {"train", "average", "tune", "evaluate"}
+    stray = types.ModuleType("pipeline.tracking.unsent.records.stray")
+    stray.STAGE = "average"
+    with pytest.raises(ValueError, match="is not the sender of stage 'average' in SENDERS"):
+        deferred.submit(stray, {})   # a replay would import another module for it: refused before queueing
