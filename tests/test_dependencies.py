@@ -261,6 +261,23 @@ def test_pipeline_folders_import_only_the_folders_after_their_own():
     assert not against, f"imports against pipeline/'s folder order (FOLDER_ORDER): {sorted(against)}"
 
 
+def test_the_replay_runs_by_name_only_the_senders_it_names():
+    """The unsent queue's replay (``tracking/unsent/deferred.py``) runs any stage's sender, imported by
+    the name ``SENDERS`` gives it, not by an import statement: a stage imports its own sender only, so
+    its DVC deps hold no other stage's code. The evaluate stage's sender registers the pyfunc model
+    (``pyfunc/``, before ``tracking`` in the order): the one name of the replay's that reaches up."""
+    import ast
+
+    tree = ast.parse((REPO / "pipeline/tracking/unsent/deferred.py").read_text())
+    senders = next(ast.literal_eval(node.value) for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                   and any(isinstance(t, ast.Name) and t.id == "SENDERS" for t in node.targets))
+    rank = {folder: i for i, folder in enumerate(FOLDER_ORDER)}
+    graph = import_graph()
+    assert set(senders.values()) <= set(graph), "every sender is a module of the repository"
+    up = {name for name in senders.values() if rank[pipeline_folder(name)] < rank["tracking"]}
+    assert up == {"pipeline.pyfunc.evaluate_record"}
+
+
 def rewrite_dvc_yaml() -> None:
     """Replace each stage's code deps in ``dvc.yaml`` by its import closure, in place, keeping the
     other deps, the comments and the order of everything else."""

@@ -146,7 +146,11 @@ class DecodingConfig(BaseModel):
     def __init__(self, *args: Any, **values: Any) -> None:
         if len(args) > len(RULES):
             raise TypeError(f"DecodingConfig takes at most {len(RULES)} settings by position, got {len(args)}")
-        values = {**dict(zip(type(self).model_fields, args, strict=False)), **values}   # in the fields' order
+        by_position = dict(zip(type(self).model_fields, args, strict=False))   # in the fields' order
+        twice = sorted(set(by_position) & set(values))
+        if twice:
+            raise TypeError(f"DecodingConfig got {twice[0]} both by position and by name")
+        values = {**by_position, **values}
         try:
             super().__init__(**values)
         except ValidationError as err:

@@ -47,6 +47,11 @@ def dotted(section: str, loc: tuple[int | str, ...]) -> str:
     return key
 
 
+def _number(value: float) -> str:
+    """A bound as params.yaml writes it: ``0.9``, ``1`` (not ``1.0``), ``1000000`` (not ``1e+06``)."""
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
 def bounds(metadata: list[Any]) -> str:
     """What a number field's declared constraints (``Field(gt=0)``, ``Field(ge=0.9, le=1)``) say it
     must be: ``must be positive``, ``must be >= 0``, ``must be at least 16``, ``must be in [0.9, 1]``."""
@@ -55,24 +60,29 @@ def bounds(metadata: list[Any]) -> str:
     ge, gt, le, lt = bound("ge"), bound("gt"), bound("le"), bound("lt")
     low, high = (gt if ge is None else ge), (lt if le is None else le)
     if low is not None and high is not None:
-        return f"must be in {'(' if ge is None else '['}{low:g}, {high:g}{')' if le is None else ']'}"
+        return f"must be in {'(' if ge is None else '['}{_number(low)}, {_number(high)}{')' if le is None else ']'}"
     if low is None:
-        return f"must be {'<' if le is None else '<='} {high:g}"
+        return f"must be {'<' if le is None else '<='} {_number(high)}"
     if ge is None:
-        return "must be positive" if gt == 0 else f"must be greater than {gt:g}"
-    return "must be >= 0" if ge == 0 else f"must be at least {ge:g}"
+        return "must be positive" if gt == 0 else f"must be greater than {_number(gt)}"
+    return "must be >= 0" if ge == 0 else f"must be at least {_number(ge)}"
 
 
 def constraint(error: ErrorDetails, model: type[BaseModel]) -> str | None:
     """A declared constraint's error in params.yaml's words (``must be positive, got 0``;
-    ``must be one of scratch, finetune, got 'continue'``), or None for another error."""
+    ``must be one of scratch, finetune, got 'continue'``), or None for another error. The value is
+    shown as the field holds it (an integer given for a float: ``got 1.0``)."""
     field = model.model_fields.get(str(error["loc"][0])) if len(error["loc"]) == 1 else None
     if field is None:
         return None
     given = error.get("input")
     if error["type"] in BOUND_ERRORS:
+        if field.annotation is float and isinstance(given, int) and not isinstance(given, bool):
+            given = float(given)
         return f"{bounds(field.metadata)}, got {given}"
     if error["type"] == "literal_error" and typing.get_origin(field.annotation) is Literal:
+        if not isinstance(given, str):
+            return f"{TYPE_PHRASES['string_type']}, got {given!r}"
         return f"must be one of {', '.join(map(str, typing.get_args(field.annotation)))}, got {given!r}"
     return None
 

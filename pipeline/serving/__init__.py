@@ -1,8 +1,10 @@
-"""Everything a served translation passes through: the decoding settings (``decoding``), the translator
-(``translator``: the averaged model, its tokenizer and beam search, §6.1), the MLflow pyfunc model
-(``mlflow_model``; logged and registered by ``pipeline.pyfunc``), the export to
-CTranslate2 (``export``), the translate command (``translate``) and the HTTP server of the
-registered model (``mlflow_server``).
+"""Everything a served translation passes through: what a request and the evaluate stage decode with
+(``decoding``, from the settings ``pipeline.config.decoding`` defines; a registered version's,
+``registered``), the translators (``translator``: the averaged model, its tokenizer and beam search,
+§6.1; ``ct2_translator``; ``engine`` builds the one a setting names), the MLflow pyfunc model class
+(``mlflow_model``; logged and registered by ``pipeline.pyfunc``), the export to CTranslate2
+(``export``), the translate command (``translate``), our HTTP server (``server/``) and MLflow's
+(``mlflow_server``).
 
-Imports nothing, so that ``pipeline.config.params`` can load ``decoding`` alone.
+Imports nothing, so that importing one of its modules loads only that module's own imports.
 """

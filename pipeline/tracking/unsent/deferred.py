@@ -117,8 +117,9 @@ def _spooled(record: dict[str, Any]) -> dict[str, Path]:
 def submit(sender: ModuleType, data: dict[str, Any], files: Mapping[str, Path] | None = None,
            pinned: Mapping[str, str] | None = None, registers: str | None = None) -> None:
     """Send a stage's record now, or keep it in the queue when something waits before it or the store
-    is away; set it aside when it fails otherwise or needs a set-aside record. Raises only
-    ``CredentialsRefused`` (401/403: nothing kept, the stage stops with one line). ``sender``: the
+    is away; set it aside when it fails otherwise or needs a set-aside record. Raises
+    ``CredentialsRefused`` (401/403: nothing kept, the stage stops with one line), and ``ValueError``
+    for a sender ``SENDERS`` does not name (a programming error, before anything is kept). ``sender``: the
     stage's sender module (``SENDERS``; imported by the stage itself, so that its DVC deps name it);
     ``files``: name -> file or folder the sender reads; ``pinned``: name -> sha256 of those that must
     be sent as they are (the model); ``registers``: the registered model's name when the record

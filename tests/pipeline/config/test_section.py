@@ -53,6 +53,7 @@ def test_a_bad_value_is_one_line_naming_its_key(values, message):
     (Annotated[float, Field(gt=0, lt=1)], "must be in (0, 1)"),
     (Annotated[float, Field(ge=0.9, le=1)], "must be in [0.9, 1]"),
     (Annotated[float, Field(le=2)], "must be <= 2"),
+    (Annotated[int, Field(ge=1_000_000)], "must be at least 1000000"),
 ])
 def test_declared_bounds_read_as_params_yaml_words(field, phrase):
     assert bounds(field.__metadata__[0].metadata) == phrase
@@ -64,7 +65,8 @@ def test_declared_bounds_read_as_params_yaml_words(field, phrase):
     (DataParams, {"limit_train_pairs": -1}, "data.limit_train_pairs must be >= 0, got -1"),
     (TokenizerParams, {"character_coverage": 1.5}, "tokenizer.character_coverage must be in [0.9, 1], got 1.5"),
     (TokenizerParams, {"input_sentence_size": 0}, "tokenizer.input_sentence_size must be positive, got 0"),
-    (FlowsParams, {"significance": 1}, "flows.significance must be in (0, 1), got 1"),
+    (FlowsParams, {"significance": 1}, "flows.significance must be in (0, 1), got 1.0"),   # as the float it is
+    (FlowsParams, {"retrain_mode": 5}, "flows.retrain_mode must be a string, got 5"),
     (FlowsParams, {"retrain_mode": "continue"}, "flows.retrain_mode must be one of scratch, finetune, got 'continue'"),
     (EvaluateParams, {"attention_sentences": -1}, "evaluate.attention_sentences must be >= 0, got -1"),
     (TokenizerParams, {"vocab_size": 16.0}, "tokenizer.vocab_size must be an integer, got 16.0"),   # type first

@@ -1,5 +1,6 @@
 """The stages' records as senders of plain data (``send(data, files, progress)``), one module per
-stage: the later stages' (average, tune, evaluate), run now by the stage, or later from the unsent
+stage: the later stages' (average, tune; evaluate's, which registers the model, is
+``pipeline.pyfunc.evaluate_record``), run now by the stage, or later from the unsent
 queue by ``pipeline.tracking.unsent.deferred``; and the training's (``train``), queued only by a training
 that found no run to log into. Each raises whatever the store raises, so that a record the server
 did not take waits; ``progress`` keeps what a sender already did (its run, its registered version)
