@@ -7,7 +7,7 @@ export PYTHONPATH := $(CURDIR)
 # DVC runs each stage's `python -m ...` through PATH: it must find the venv's python.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup run test bench ui compare sweep serve clean stack stack-stop stack-status stack-remote stack-deps
+.PHONY: setup run test bench ui compare sweep sweep-apply serve clean stack stack-stop stack-status stack-remote stack-deps
 STACK_STAMP := $(VENV)/.stack-installed
 
 $(STAMP): requirements.txt pyproject.toml
@@ -76,11 +76,14 @@ bench: setup  ## speed benchmarks, each printing ratio=<x> last
 ui: setup  ## MLflow UI on 127.0.0.1
 	$(BIN)/mlflow ui --backend-store-uri $${MLFLOW_TRACKING_URI:-sqlite:///mlflow.db} --host 127.0.0.1 --port 5000
 
-compare: setup  ## table of the experiment's runs, ranked by validation BLEU (valid_bleu); test scores shown, never ranking
-	$(BIN)/python -m pipeline.experiments.compare
+compare: setup  ## table of the experiment's runs (SWEEP=<name>: that sweep's), ranked by validation BLEU (valid_bleu); test scores shown, never ranking
+	$(BIN)/python -m pipeline.experiments.compare $(if $(SWEEP),--sweep $(SWEEP))
 
-sweep: setup  ## params/sweep.yaml's grid as queued DVC experiments, one at a time: PHASE=proxy (default) | final [TOP=K]
-	$(BIN)/python -m pipeline.experiments.sweep --phase $(or $(PHASE),proxy) $(if $(TOP),--top $(TOP))
+sweep: setup  ## params/sweep.yaml's grid as DVC experiments: here one at a time, or POOL=<work pool> one per worker (SWEEP=<name> reruns/resumes); PHASE=proxy (default) | final [TOP=K]
+	$(if $(POOL),$(BIN)/python -m pipeline.workers.sweep --pool $(POOL) $(if $(SWEEP),--sweep $(SWEEP)),$(BIN)/python -m pipeline.experiments.sweep) --phase $(or $(PHASE),proxy) $(if $(TOP),--top $(TOP))
+
+sweep-apply: setup  ## the best point of SWEEP=<name> (a pool sweep) into this clone: dvc exp apply, its model registered; says what to commit
+	$(BIN)/python -m pipeline.experiments.apply --sweep $(SWEEP)
 
 serve: setup  ## serve the scheduled retraining flow (Prefect)
 	$(BIN)/python -m pipeline.flows serve

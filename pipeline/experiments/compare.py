@@ -36,14 +36,15 @@ PLOT = Path("reports/compare_valid.png")
 IGNORED_PARAMS = {"derived.train_target_tokens"}
 
 
-def runs_table(experiment: str, metric: str = RANK_METRIC,
-               test_sets: list[str] | None = None) -> tuple[pd.DataFrame, list[str]]:
-    """One row per run, best validation ``metric`` first (runs without it last); the test sets' BLEU
-    and chrF are shown (``test_sets`` first, then any other the runs have), never used to rank.
-    Returns the table and the names of the params that differ between runs."""
+def runs_table(experiment: str, metric: str = RANK_METRIC, test_sets: list[str] | None = None,
+               sweep: str | None = None) -> tuple[pd.DataFrame, list[str]]:
+    """One row per run (of ``sweep`` only, when given: its tag), best validation ``metric`` first
+    (runs without it last); the test sets' BLEU and chrF are shown (``test_sets`` first, then any
+    other the runs have), never used to rank, and a sweep's point and the decoding each run chose on
+    val. Returns the table and the names of the params that differ between runs."""
     check_metric(metric)
     store.client()
-    runs = mlflow.search_runs(experiment_names=[experiment], max_results=10_000)
+    runs = sweep_runs(experiment, sweep)
     if runs.empty:
         return runs, []
     param_cols = [c for c in runs.columns if c.startswith("params.") and c[7:] not in IGNORED_PARAMS]
@@ -62,6 +63,11 @@ def runs_table(experiment: str, metric: str = RANK_METRIC,
         "status": runs["status"],
         ranking_column(metric): runs[metric_col].round(2),
     })
+    if sweep:
+        table.insert(2, "point", runs.get("tags.sweep.point", pd.Series("", index=runs.index)).fillna(""))
+    for key in ("beam_size", "alpha"):   # chosen on val (the tune stage), as the evaluate stage decoded
+        if f"tags.decoding.{key}" in runs.columns:
+            table[f"val-chosen {key}"] = runs[f"tags.decoding.{key}"].fillna("")
     for name in shown_sets:
         table[f"test BLEU {name}"] = runs[f"metrics.test/{name}/bleu"].round(2)
         table[f"test chrF {name}"] = runs.get(f"metrics.test/{name}/chrf", nan).round(2)
@@ -73,6 +79,28 @@ def runs_table(experiment: str, metric: str = RANK_METRIC,
     for col in differing:
         table[col[len("params."):]] = runs[col]
     return table.reset_index(drop=True), [c[len("params."):] for c in differing]
+
+
+def sweep_runs(experiment: str, sweep: str | None) -> pd.DataFrame:
+    """Every run of ``experiment``, or only those tagged with ``sweep``."""
+    if sweep:
+        from pipeline.experiments.sweep_points import tagged_runs
+
+        return tagged_runs(experiment, sweep)
+    return mlflow.search_runs(experiment_names=[experiment], max_results=10_000)
+
+
+def unfinished_points(sweep: str) -> list[str]:
+    """A pool sweep's points whose newest flow run did not complete, with why (their state's
+    message), from the Prefect server of ``PREFECT_API_URL``; [] without one (a local sweep)."""
+    from prefect.settings import PREFECT_API_URL
+
+    if not PREFECT_API_URL.value():
+        return []
+    from pipeline.experiments.sweep_points import point_runs
+
+    return [f"point {point}: {run.state}" + (f": {run.message}" if run.message else "")
+            for point, run in sorted(point_runs(sweep).items()) if run.state != "COMPLETED"]
 
 
 def logged_sets(runs: pd.DataFrame, role: str, key: str) -> list[str]:
@@ -133,6 +161,8 @@ def plot_curves(experiment: str, run_ids: list[str], labels: list[str], path: Pa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--experiment", help="MLflow experiment (default: tracking.experiment of params.yaml)")
+    parser.add_argument("--sweep", help="only the runs of this sweep (make sweep's name), and its points that "
+                                        "did not finish, with why")
     parser.add_argument("--metric", default=RANK_METRIC,
                         help=f"validation metric that ranks (default {RANK_METRIC}); test metrics are refused")
     args = parser.parse_args()
@@ -145,16 +175,22 @@ def main() -> None:
     require_tracking_server()   # 401/403 or no answer: one line and exit 2, not a traceback
     params = load_params() if not args.experiment else None
     experiment = args.experiment or params.tracking.experiment
-    table, differing = runs_table(experiment, args.metric, params.data.test_sets if params else None)
-    if table.empty:
-        print(f"no runs in experiment {experiment!r} at {store.tracking_uri()}", file=sys.stderr)
+    table, differing = runs_table(experiment, args.metric, params.data.test_sets if params else None, args.sweep)
+    unfinished = unfinished_points(args.sweep) if args.sweep else []
+    if table.empty and not unfinished:
+        print(f"no runs in experiment {experiment!r}" + (f" of sweep {args.sweep!r}" if args.sweep else "")
+              + f" at {store.tracking_uri()}", file=sys.stderr)
         sys.exit(1)
-    header = (f"# Runs of {experiment}, ranked by {args.metric} (validation); runs without it last\n\n"
+    which = f"Runs of sweep {args.sweep} in {experiment}" if args.sweep else f"Runs of {experiment}"
+    header = (f"# {which}, ranked by {args.metric} (validation); runs without it last\n\n"
               f"The column `{ranking_column(args.metric)}` ranks. Test scores are shown, never used to rank.\n\n"
               f"Params that differ between runs: {', '.join(differing) if differing else 'none'}\n\n")
-    markdown = header + markdown_table(table) + "\n"
+    markdown = header + (markdown_table(table) if not table.empty else "(no run on the tracking server)") + "\n"
+    if unfinished:
+        markdown += "\nPoints that did not finish (their newest flow run):\n\n" + "".join(
+            f"- {line}\n" for line in unfinished)
     print(markdown)
-    full_ids = mlflow.search_runs(experiment_names=[experiment], max_results=10_000)["run_id"].tolist()
+    full_ids = sweep_runs(experiment, args.sweep)["run_id"].tolist() if not table.empty else []
     by_prefix = {r[:8]: r for r in full_ids}
     labels = [f"{row['run']} " + " ".join(f"{p}={row[p]}" for p in differing) for _, row in table.iterrows()]
     if plot_curves(experiment, [by_prefix[r] for r in table["run"]], labels, PLOT):

@@ -12,7 +12,9 @@ val; test scores never choose) are queued again, one ``dvc exp run --queue -n fi
 each, with the final overrides instead of the proxy ones (so ``train.max_minutes`` is params.yaml's
 again), and run the same way. Every experiment is a full ``dvc.yaml`` pipeline in a DVC temporary
 workspace; each logs its MLflow run into this repository's store (``MLFLOW_TRACKING_URI`` is set to it
-for the queue unless already set). Results: ``make compare``, ``dvc exp show``, ``make ui``.
+for the queue unless already set), tagged ``sweep=<proxy|final>-<time>`` (the name the command prints),
+its model logged, not registered. Results: ``make compare SWEEP=<name>``, ``dvc exp show``, ``make ui``.
+On the team's work pool instead, one point per worker: ``make sweep POOL=...`` (``pipeline.workers.sweep``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from pipeline.config.loader import PARAMS, SECTION_NAMES, read_params
 from pipeline.config.overrides import dvc_executable, hydra_value, set_param
 from pipeline.config.params import check, load_params
 from pipeline.scoring.reports import RANK_METRIC
+from pipeline.tracking.sweep_point import SWEEP_VAR
 
 SWEEP_FILE = Path("params/sweep.yaml")
 PHASES = ("proxy", "final")
@@ -284,6 +287,7 @@ def run_phase(phase: str, sweep: Sweep, top: int | None = None, dry_run: bool = 
             print("dvc " + " ".join(_shell_quote(a) for a in args))
         return 0
     _use_repository_store(params.tracking.experiment)
+    os.environ[SWEEP_VAR] = name   # the queue's experiments: runs tagged sweep=<name>, models not registered
     for args in commands:
         dvc(args)
     dvc(RUN_ARGS)
@@ -292,8 +296,8 @@ def run_phase(phase: str, sweep: Sweep, top: int | None = None, dry_run: bool = 
     print(f"\nDVC experiments {name}*: " + ", ".join(f"{n} {s}" for n, s in sorted(states.items())))
     fixed = sweep.proxy if phase == "proxy" else final_values(sweep, raw)
     print_scores(point_scores(runs_frame(params.tracking.experiment), points, fixed), f"{phase} phase")
-    print("\nresults: `make compare` (all runs, reports/compare.md), `dvc exp show` (the experiments), "
-          "`make ui` (MLflow)")
+    print(f"\nresults: `make compare SWEEP={name}` (this sweep's runs, reports/compare.md), `dvc exp show` (the "
+          "experiments), `make ui` (MLflow)")
     if phase == "proxy":
         print(f"next: python -m pipeline.experiments.sweep --phase final --top {sweep.top}")
     if failed or len(states) != len(points):

@@ -26,7 +26,11 @@ class CurveWriter(TrainerCallback):
         self.echo = echo
 
     def restore(self, state: dict[str, Any]) -> None:
+        """The rows a checkpoint kept, written out at once: a training resumed at its length logs
+        nothing more, and DVC deleted the files before running the stage."""
         self.rows = {k: [dict(r) for r in v] for k, v in state.get("curves", self.rows).items()}
+        for kind in self.files:
+            self._write(kind)
 
     def checkpoint_state(self) -> dict[str, Any]:
         return {"curves": self.rows}

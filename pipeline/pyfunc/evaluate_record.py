@@ -33,7 +33,8 @@ def links(data: Mapping[str, Any]) -> tuple[set[str], set[str]]:
 def send(data: Mapping[str, Any], files: Mapping[str, Path], progress: MutableMapping[str, Any]) -> None:
     """``data``: experiment, section (``evaluate.*`` params), model_sha256, tuned (tune decoded this
     model), decoding (``ChosenDecoding.as_dict()``), values (the metrics to log), registered_model,
-    timestamp (ms). ``files``: FOLDERS, RUN_FILES, MODEL, TOKENIZER, CORPUS_STATS and CT2_MODEL by name."""
+    timestamp (ms); registered_model "" logs the model without registering it (a sweep's point).
+    ``files``: FOLDERS, RUN_FILES, MODEL, TOKENIZER, CORPUS_STATS and CT2_MODEL by name."""
     from pipeline.pyfunc.log_version import log_translator
 
     c = client()
@@ -56,12 +57,12 @@ def send(data: Mapping[str, Any], files: Mapping[str, Path], progress: MutableMa
     for name in RUN_FILES:
         if name in files and Path(files[name]).is_file():
             c.log_artifact(run_id, str(files[name]), "run")
-    if not progress.get("version"):
+    if "version" not in progress:   # "" once a sweep's point logged its model (registered by none)
         version = log_translator(run_id, Path(files[MODEL]), Path(files[TOKENIZER]), data["registered_model"],
                                  data["decoding"], metrics_file=files.get("scores.json"),
                                  corpus_stats_file=files.get(CORPUS_STATS),
                                  ct2_model=Path(files[CT2_MODEL]) if CT2_MODEL in files else None)
-        if not version:
+        if not version and data["registered_model"]:
             raise RuntimeError(f"the model logged into run {run_id} was not registered as {data['registered_model']!r}")
         progress["version"] = version
     c.set_terminated(run_id, "FINISHED")

@@ -84,7 +84,8 @@ def _mlflow_warnings_only() -> Iterator[None]:
 def log_translator(run_id: str, model_file: Path, tokenizer_file: Path, registered_name: str,
                    chosen: Mapping[str, Any], *, metrics_file: Path | None = None,
                    corpus_stats_file: Path | None = None, ct2_model: Path | None = None) -> str | None:
-    """Log the pyfunc model into ``run_id``, register it with its model card (description and tags,
+    """Log the pyfunc model into ``run_id``, register it (unless ``registered_name`` is "": a sweep's
+    point, whose run then holds ``UNREGISTERED_TAG``) with its model card (description and tags,
     ``pipeline.tracking.model_card.register_version``); returns the new registry version, or the
     version that already holds the same model file of the same run with the same settings (nothing
     logged or registered again).
@@ -104,12 +105,11 @@ def log_translator(run_id: str, model_file: Path, tokenizer_file: Path, register
     from pipeline.serving.registered import to_register
     from pipeline.tracking import model_card
     from transformer.atomic import file_sha256
-    from transformer.checkpoint import load_checkpoint
 
     settings, sources = _run_decoding(run_id, chosen)
     model_config, defaults = to_register(settings)   # one DecodingConfig: the two always agree
     identity = model_card.identity_tags(file_sha256(model_file), model_config["decoding"])
-    existing = model_card.existing_version(registered_name, run_id, identity)
+    existing = registered_name and model_card.existing_version(registered_name, run_id, identity)
     if existing:   # a forced re-evaluation, or a retry after the registration's answer was lost
         print(f"MLflow: {registered_name!r} version {existing} already holds this model (sha256 "
               f"{identity[model_card.MODEL_SHA_TAG][:12]}) of run {run_id} with these decoding settings; "
@@ -132,15 +132,63 @@ def log_translator(run_id: str, model_file: Path, tokenizer_file: Path, register
             model_config=model_config,
         )
 
-    def read_json(path: Path) -> dict[str, Any]:
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
-            return {}
-
+    if not registered_name:   # a sweep's point: what registering it later needs stays with its run
+        pending = {"model_uri": info.model_uri, "identity": identity, "decoding": decoding}
+        mlflow.MlflowClient().set_tag(run_id, UNREGISTERED_TAG, json.dumps(pending, sort_keys=True))
+        print(f"MLflow: model logged into run {run_id}, not registered (a sweep's point: `make sweep-apply` "
+              "registers the sweep's winner)", flush=True)
+        return ""
     version = model_card.register_version(registered_name, info.model_uri, run_id, identity,
-                                          metrics=read_json(metrics_file or EVALUATE_SCORES), decoding=decoding,
-                                          model_config=load_checkpoint(model_file).get("model_config", {}),
-                                          corpus_stats=read_json(corpus_stats_file or paths.CORPUS_DIR / "stats.json"))
+                                          **card_inputs(model_file, decoding, metrics_file or EVALUATE_SCORES,
+                                                        corpus_stats_file or paths.CORPUS_DIR / "stats.json"))
     print(f"MLflow: registered model {registered_name!r} version {version} (run {run_id})", flush=True)
     return version
+
+
+# The tag on a run whose model was logged but not registered (a sweep's point): its model URI,
+# identity tags and decoding settings as JSON, what ``register_logged`` registers later.
+UNREGISTERED_TAG = "translator.unregistered"
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def card_inputs(model_file: Path, decoding: Mapping[str, Any], metrics_file: Path,
+                corpus_stats_file: Path) -> dict[str, Any]:
+    """The model card's inputs besides its run (``model_card.model_card``'s keyword arguments)."""
+    from transformer.checkpoint import load_checkpoint
+
+    return {"metrics": _read_json(metrics_file), "decoding": dict(decoding),
+            "model_config": load_checkpoint(model_file).get("model_config", {}),
+            "corpus_stats": _read_json(corpus_stats_file)}
+
+
+def register_logged(run_id: str, registered_name: str, model_file: Path, metrics_file: Path,
+                    corpus_stats_file: Path) -> str:
+    """Register the model a sweep's point logged into ``run_id`` unregistered (``UNREGISTERED_TAG``)
+    as a version of ``registered_name``, with its model card (the run's ``sweep`` tags are its
+    lineage); ``model_file`` (whose sha256 must be the logged one's), ``metrics_file`` and
+    ``corpus_stats_file`` are the point's, as ``dvc exp apply`` restored them. Returns the version
+    (the one that already holds it, when registered before)."""
+    from pipeline.tracking import model_card
+    from transformer.atomic import file_sha256
+
+    tag = mlflow.MlflowClient().get_run(run_id).data.tags.get(UNREGISTERED_TAG)
+    if not tag:
+        raise ValueError(f"run {run_id} has no unregistered model (tag {UNREGISTERED_TAG}): it is no sweep's point "
+                         "or its evaluate stage did not finish")
+    pending = json.loads(tag)
+    identity = pending["identity"]
+    if file_sha256(model_file) != identity[model_card.MODEL_SHA_TAG]:
+        raise ValueError(f"{model_file} is not the model run {run_id} logged (sha256 differs): apply that "
+                         "run's experiment first")
+    existing = model_card.existing_version(registered_name, run_id, identity)
+    if existing:
+        return existing
+    return model_card.register_version(registered_name, pending["model_uri"], run_id, identity,
+                                       **card_inputs(model_file, pending["decoding"], metrics_file,
+                                                     corpus_stats_file))

@@ -229,6 +229,7 @@ def track(params: Sections, metrics: dict[str, Any], decoding: ChosenDecoding, s
     size, alpha, stopping rule, engine and compute type used; with the CTranslate2 export) into the
     run that the tune stage logged into (the model's, or its child), else the model's own run."""
     from pipeline.pyfunc import evaluate_record as record
+    from pipeline.tracking.sweep_point import in_sweep
     from pipeline.tracking.unsent import deferred
 
     section = {k: v for k, v in params.flat().items() if k.startswith("evaluate.")}
@@ -245,6 +246,8 @@ def track(params: Sections, metrics: dict[str, Any], decoding: ChosenDecoding, s
             values[f"dev/{dev_set}/{LITERATURE_KEY}"] = m[LITERATURE_KEY]
     # What a sweep ranks runs by: val BLEU with the settings this run's model is registered with.
     values["valid_bleu"] = metrics[DEV][params.data.valid_set]["bleu"]
+    # A sweep's point logs its model unregistered: the sweep's winner is registered by `make sweep-apply`.
+    registers = "" if in_sweep() else params.tracking.registered_model
     # Sent now, or kept with copies of its files (the model pinned by its sha256) in the unsent queue
     # while the tracking server is away; the registration happens when it is sent.
     files = {"attention": paths.ATTENTION_DIR, "translations": paths.TRANSLATIONS_DIR,
@@ -257,9 +260,9 @@ def track(params: Sections, metrics: dict[str, Any], decoding: ChosenDecoding, s
                                  "model_sha256": model_sha256,
                                  "tuned": tune_record().get("model_sha256") == model_sha256,
                                  "decoding": decoding.as_dict(), "values": values,
-                                 "registered_model": params.tracking.registered_model,
+                                 "registered_model": registers,
                                  "timestamp": int(time.time() * 1000)},
-                    files=files, pinned={record.MODEL: model_sha256}, registers=params.tracking.registered_model)
+                    files=files, pinned={record.MODEL: model_sha256}, registers=registers or None)
 
 
 def main() -> None:

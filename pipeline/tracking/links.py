@@ -15,6 +15,7 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 
 from pipeline.tracking.store import client
+from pipeline.tracking.sweep_point import point_experiment
 from pipeline.tracking.unsent import deferred
 
 # Tags linking a run to the files it made (values: the file's sha256); see find_run.
@@ -30,12 +31,22 @@ def fingerprint_sha256(fingerprint: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(fingerprint, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def point_scope() -> str:
+    """A sweep's point looks among its own runs only (an MLflow filter clause; "" outside a pool sweep):
+    two points that train alike write byte-identical checkpoints, and the other point's run must not
+    be taken for this one's."""
+    name = point_experiment()
+    return f"tags.`sweep.experiment` = '{name}'" if name else ""
+
+
 def lookup_run(tag: str, sha256s: str | Iterable[str], experiment: str, c: MlflowClient | None = None,
                where: str = "") -> str | None:
-    """The newest run of ``experiment`` tagged ``tag`` = one of ``sha256s`` (tried in order); None
-    when no run is tagged so. Raises what the store raises (a record waiting for the server needs
-    to tell "no such run" from "no answer")."""
+    """The newest run of ``experiment`` tagged ``tag`` = one of ``sha256s`` (tried in order), within
+    the sweep point's runs in a pool sweep (``point_scope``); None when no run is tagged so. Raises
+    what the store raises (a record waiting for the server needs to tell "no such run" from "no
+    answer")."""
     values = [sha256s] if isinstance(sha256s, str) else list(sha256s)
+    where = " and ".join(clause for clause in (where, point_scope()) if clause)
     c = c or client()
     found = c.get_experiment_by_name(experiment)
     if found is None:

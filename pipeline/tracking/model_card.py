@@ -186,6 +186,10 @@ def model_card(name: str, version: str, run: Any, *, metrics: Mapping[str, Any],
     used = m.get("average/checkpoints_used")
     averaged = (f"the average of the last {int(used)} checkpoint(s) (average.last_n {p.get('average.last_n', '?')})"
                 if used is not None else f"checkpoint average of the last {p.get('average.last_n', '?')}")
+    # Lineage of a sweep's winner (its run's sweep tags, pipeline.tracking.sweep_point).
+    lineage = ([f"Chosen by the sweep `{t['sweep']}` on validation BLEU: point {t.get('sweep.point', '?')} "
+                f"(overrides `{t.get('sweep.overrides', '{}')}`), DVC experiment `{t.get('sweep.experiment', '?')}`."]
+               if t.get("sweep") else [])
     lines += [
         "", "## Training", "",
         f"{_number(updates)} updates, {_number(epochs)} complete epochs, {_duration(m.get('time/train_seconds'))} "
@@ -194,6 +198,7 @@ def model_card(name: str, version: str, run: Any, *, metrics: Mapping[str, Any],
         f"precision {t.get('train.precision_used', p.get('train.precision', 'unknown'))}; {averaged}. "
         f"MLflow run `{run.info.run_id}` ({run.info.run_name}), git commit "
         f"`{commit[:12]}`{' with local changes' if t.get('git.dirty') == 'true' else ''}.",
+        *lineage,
         "", "## Limits", "",
         f"- Domain: {DOMAINS.get(dataset, f'the text of {dataset}; other domains will be translated worse')}.",
         "- Casing: trained on cased, untokenized text (never lowercased) and scored cased (sacreBLEU "
@@ -218,6 +223,7 @@ def model_card(name: str, version: str, run: Any, *, metrics: Mapping[str, Any],
         "torch.version": t.get("torch.version", "unknown"), "git.commit": commit,
         "params.hash": t.get("params.hash", ""), "run_name": run.info.run_name or "",
         **{f"decoding.{k}": str(v) for k, v in decoding.items()},
+        **{k: t[k] for k in ("sweep", "sweep.point", "sweep.experiment") if t.get(k)},
         **{f"data.md5.{k}": v for k, v in hashes.items()},
     }
     for s, v in scores.items():

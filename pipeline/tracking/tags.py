@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import yaml
 
+from pipeline.tracking.sweep_point import sweep_tags
 from transformer.training.trainer import Trainer
 
 
@@ -60,6 +61,7 @@ def device_name(device: str) -> str:
 PIPELINE_WRITES = ("dvc.lock", "reports")
 
 
+
 def run_tags(dataset: str, pair: str, device: str) -> dict[str, str]:
     commit = _git("rev-parse", "HEAD")
     excluded = [f":(exclude,top){path}" for path in PIPELINE_WRITES]
@@ -68,7 +70,7 @@ def run_tags(dataset: str, pair: str, device: str) -> dict[str, str]:
         "git.commit": commit or "unknown",
         "git.dirty": str(dirty).lower() if commit else "unknown",
         "dataset": dataset, "language_pair": pair, "device": device, "device.name": device_name(device),
-        "torch.version": torch.__version__, **data_hashes(),
+        "torch.version": torch.__version__, **data_hashes(), **sweep_tags(),
     }
 
 

@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     start = commands.add_parser("start", help="start a Prefect worker on a pool; SIGINT stops it whatever the "
                                 "starting shell ignored (prefect worker start's other options pass through)")
     start.add_argument("--pool", required=True, help="the work pool (the deployment's)")
-    start.add_argument("--name", help="the worker's name (default: Prefect's)")
+    start.add_argument("--name", help="the worker's name, unique in the pool: it names the worker's own queue "
+                                      "on-<name> (default: the host's name)")
     args, extra = parser.parse_known_args(argv)
     if args.command == "start":
         return start_worker(args.pool, args.name, extra)
@@ -126,14 +127,22 @@ def main(argv: list[str] | None = None) -> int:
 
 def start_worker(pool: str, name: str | None, extra: list[str]) -> int:
     """Exec the worker (does not return), or one ``error:`` line and 2."""
+    from pipeline.workers.queues import ensure_queue, own_queue, worker_name
     from pipeline.workers.start import WorkerStartError, exec_worker, worker_command
 
+    name = worker_name(name)
     try:
         command = worker_command(pool, name, extra)
-    except WorkerStartError as err:
+        api_url()
+        ensure_queue(pool, own_queue(name))
+    except (WorkerStartError, DeployError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    exec_worker(command)
+    except Exception as err:   # noqa: BLE001 (the server's answer, whatever Prefect raised for it)
+        print(f"error: work queue {own_queue(name)} of pool {pool!r} could not be made on {api_url()}: "
+              f"{type(err).__name__} {' '.join(str(err).split())[:300]}".rstrip(), file=sys.stderr)
+        return 2
+    exec_worker(command, own_queue(name))
     return 0   # not reached: exec replaced this process
 
 

@@ -94,16 +94,20 @@ def ensure_pool(client, pool: str) -> bool:  # noqa: ANN001 (prefect's SyncPrefe
     """Create the ``process`` work pool ``pool`` with Prefect's default job template unless it
     exists (of any type: a team may run its own); True when created."""
     from prefect.client.schemas.actions import WorkPoolCreate
-    from prefect.exceptions import ObjectNotFound
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
     from prefect.workers.process import ProcessWorker
 
     try:
         client.read_work_pool(pool)
         return False
     except ObjectNotFound:
+        pass
+    try:
         client.create_work_pool(WorkPoolCreate(name=pool, type=POOL_TYPE,
                                                base_job_template=ProcessWorker.get_default_base_job_template()))
         return True
+    except ObjectAlreadyExists:   # made in between by another worker starting, or a deploy
+        return False
 
 
 def crash_detection(client, deployment_id: UUID, name: str,  # noqa: ANN001 (SyncPrefectClient)

@@ -48,7 +48,7 @@ def _git(root: Path, *args: str, env: dict[str, str] | None = None, check: bool 
     return proc.stdout.strip() if proc.returncode == 0 else ""
 
 
-def _identity_env() -> dict[str, str]:
+def identity_env() -> dict[str, str]:
     """The commit's author: the worker's git identity when it has one, else the worker's host name."""
     env = dict(os.environ)
     host = socket.gethostname()
@@ -82,6 +82,6 @@ def publish(root: Path, branch: str, message: str) -> Published:
     if not changed:
         return Published(branch, "", base, ())
     parents = ["-p", base] + (["-p", tip] if tip and tip != base else [])
-    commit = _git(root, "commit-tree", tree, *parents, "-m", message, env=_identity_env())
+    commit = _git(root, "commit-tree", tree, *parents, "-m", message, env=identity_env())
     _git(root, "push", "--quiet", "origin", f"{commit}:refs/heads/{branch}")
     return Published(branch, commit, base, changed)

@@ -1,5 +1,6 @@
 """``python -m pipeline.workers start``: ``prefect worker start`` with SIGINT at its default action,
-whatever the starting shell left it at.
+whatever the starting shell left it at, polling its pool's default queue and a queue of its own
+(``pipeline.workers.queues``).
 
 A background job of a non-interactive shell (``... &`` in a script, and all it starts) inherits
 SIGINT ignored. Prefect's worker answers its first SIGINT by restoring the handler it found
@@ -17,6 +18,8 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+from pipeline.workers.queues import DEFAULT_QUEUE, WORKER_QUEUE_VAR, own_queue
 
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
@@ -37,13 +40,19 @@ def prefect_executable() -> str:
     return found
 
 
-def worker_command(pool: str, name: str | None, extra: Sequence[str]) -> list[str]:
-    return [prefect_executable(), "worker", "start", "--pool", pool, *(["--name", name] if name else []), *extra]
+def worker_command(pool: str, name: str, extra: Sequence[str]) -> list[str]:
+    """``prefect worker start`` polling the pool's default queue and the worker's own
+    (``pipeline.workers.queues``); queues named in ``extra`` replace the default one."""
+    queues = [] if {"-q", "--work-queue"} & set(extra) else ["--work-queue", DEFAULT_QUEUE]
+    return [prefect_executable(), "worker", "start", "--pool", pool, "--name", name, *queues,
+            "--work-queue", own_queue(name), *extra]
 
 
-def exec_worker(command: Sequence[str]) -> None:
+def exec_worker(command: Sequence[str], queue: str) -> None:
     """Exec ``command`` with SIGINT and SIGTERM at their default actions and unblocked (both survive
-    an exec as the shell left them); does not return."""
+    an exec as the shell left them), ``TEAM_WORKER_QUEUE`` naming the worker's own ``queue`` for its
+    flow runs; does not return."""
+    os.environ[WORKER_QUEUE_VAR] = queue
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)

@@ -1,8 +1,8 @@
 """The Prefect client in a process of its own, for the worker tests (the test process keeps no
 Prefect settings of another server): ``python prefect_runs.py start NAME`` starts a run of the
 deployment and prints its id; ``wait ID TIMEOUT`` waits for a final state; ``state ID``,
-``logs ID``, ``deployment NAME`` and ``scheduled NAME`` print what they say, as JSON. The API and its auth come from the
-environment (the stack's env file)."""
+``logs ID``, ``deployment NAME``, ``scheduled NAME`` and ``sweep-runs SWEEP`` print what they say,
+as JSON. The API and its auth come from the environment (the stack's env file)."""
 
 from __future__ import annotations
 
@@ -74,6 +74,11 @@ def main(command: str, *args: str) -> None:
                 flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
                     type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]))))
             print(json.dumps([r.expected_start_time.isoformat() for r in runs]))
+        elif command == "sweep-runs":   # the newest flow run of each point of a sweep
+            from pipeline.experiments.sweep_points import point_runs
+
+            print(json.dumps({str(point): {"id": run.flow_run_id, "state": run.state, "tags": list(run.tags)}
+                              for point, run in point_runs(args[0]).items()}))
         else:
             raise SystemExit(f"unknown command {command}")
 

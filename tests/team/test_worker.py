@@ -69,6 +69,35 @@ def stop(process: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 
             process.wait()
 
 
+def made_and_pushed(first: Machine, *stages: str) -> tuple[Machine, str]:
+    """The first machine makes ``stages`` (and what they need), pushes them to the stack's remote and
+    commits the result: the machine, and the commit."""
+    assert first.run(PYTHON, "-m", "pipeline.stack", "remote").returncode == 0
+    made = first.dvc("repro", *stages)
+    assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-2000:]
+    pushed = first.dvc("push")
+    assert pushed.returncode == 0, pushed.stdout + pushed.stderr
+    first.run("git", "add", "-A")
+    first.run("git", "commit", "-qm", f"{', '.join(stages)}, made on the first machine")
+    return first, first.run("git", "rev-parse", "HEAD").stdout.strip()
+
+
+def serve_repository(root: Path, bare: Path, address: str) -> tuple[subprocess.Popen, str]:
+    """A bare clone of ``root`` at ``bare``, served by ``git daemon`` on ``address`` (pushes allowed):
+    the daemon, and the repository's URL."""
+    subprocess.run(["git", "clone", "-q", "--bare", str(root), str(bare)], check=True)
+    port = free_port(address)
+    daemon = subprocess.Popen(["git", "daemon", "--reuseaddr", "--export-all", "--enable=receive-pack",
+                               f"--base-path={bare.parent}", f"--listen={address}", f"--port={port}",
+                               str(bare.parent)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(address, port)
+    except BaseException:
+        stop(daemon)
+        raise
+    return daemon, f"git://{address}:{port}/{bare.name}"
+
+
 @dataclass
 class Team:
     network: hosts.Network
@@ -116,26 +145,11 @@ def team(tmp_path_factory) -> Iterator[Team]:
                               "tracking": {"experiment": EXPERIMENT, "registered_model": MODEL}})
         root, env = make_workspace(tmp / "first" / "repo", params)
         env.pop("MLFLOW_TRACKING_URI")
-        first = Machine(root, sourced(stack.directory / "env", env))
-        assert first.run(PYTHON, "-m", "pipeline.stack", "remote").returncode == 0
-        made = first.dvc("repro", "tokenizer")
-        assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-2000:]
-        pushed = first.dvc("push")
-        assert pushed.returncode == 0, pushed.stdout + pushed.stderr
-        first.run("git", "add", "-A")
-        first.run("git", "commit", "-qm", "download and tokenizer, made on the first machine")
-        commit = first.run("git", "rev-parse", "HEAD").stdout.strip()
+        first, commit = made_and_pushed(Machine(root, sourced(stack.directory / "env", env)), "tokenizer")
 
-        served = tmp / "git"
-        bare = served / "translator.git"
-        subprocess.run(["git", "clone", "-q", "--bare", str(root), str(bare)], check=True)
-        port = free_port(network.server_address)
-        daemon = subprocess.Popen(["git", "daemon", "--reuseaddr", "--export-all", "--enable=receive-pack",
-                                   f"--base-path={served}", f"--listen={network.server_address}", f"--port={port}",
-                                   str(served)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        bare = tmp / "git" / "translator.git"
+        daemon, repository = serve_repository(root, bare, network.server_address)
         try:
-            wait_port(network.server_address, port)
-            repository = f"git://{network.server_address}:{port}/translator.git"
             prefect_env = {**clean_env(tmp / "deployer"),
                            **{k: v for k, v in first.env.items() if k.startswith("PREFECT_API")}}
             deployed = subprocess.run([PYTHON, "-m", "pipeline.workers", "deploy", "--repository", repository,

@@ -173,9 +173,14 @@ def test_a_two_point_sweep_runs_in_the_dvc_queue_and_compare_ranks_it_by_validat
     assert set(runs["params.train.max_minutes"]) == {"2"}
     assert (runs["status"] == "FINISHED").all()
     assert all(Path(uri.removeprefix("file://")).is_relative_to(root / "mlartifacts") for uri in runs["artifact_uri"])
+    # Tagged with the sweep's name, the one the command printed; their models logged, none registered.
+    name = result.stdout.split("$ dvc exp run --queue -n ")[1].split()[0]
+    assert set(runs["tags.sweep"]) == {name} and f"make compare SWEEP={name}" in result.stdout
+    assert runs["tags.translator.unregistered"].notna().all()
+    assert mlflow.MlflowClient().search_model_versions(f"name = '{TINY['tracking']['registered_model']}'") == []
 
-    # compare ranks by the validation metric, never by test BLEU.
-    result = run("pipeline.experiments.compare")
+    # compare ranks by the validation metric, never by test BLEU; --sweep: the same runs, this sweep's.
+    result = run("pipeline.experiments.compare", "--sweep", name)
     assert result.returncode == 0, result.stderr
     assert f"`{RANK_METRIC} (ranks)` ranks" in result.stdout
     rows = [line.split("|")[1:-1] for line in (root / "reports/compare.md").read_text().splitlines()
@@ -199,5 +204,13 @@ def test_a_two_point_sweep_runs_in_the_dvc_queue_and_compare_ranks_it_by_validat
         chosen = float(queue.split("train.lr_scale=")[1].split()[0])
         assert chosen in best_values and (len(best_values) == 1 or chosen == 0.5)  # ties: the grid's order
         assert "max_minutes" not in queue
+        # The winner (its DVC experiment is in this clone) applied and registered, its lineage on the card.
+        assert set(runs["tags.sweep.experiment"]) == set(exps)
+        result = run("pipeline.experiments.apply", "--sweep", name)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        assert "now commit it" in result.stdout and "$ dvc exp pull" not in result.stdout
+        (version,) = mlflow.MlflowClient().search_model_versions(f"name = '{TINY['tracking']['registered_model']}'")
+        assert version.tags["sweep"] == name and f"Chosen by the sweep `{name}`" in version.description
+        assert mlflow.MlflowClient().get_run(version.run_id).data.metrics[RANK_METRIC] == best
     else:  # without the tune stage no run has valid_bleu: both rank last, by no test score
         assert all(math.isnan(v) for v in ranked)

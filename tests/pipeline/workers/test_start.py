@@ -90,3 +90,16 @@ def test_no_prefect_executable_is_one_error_line_and_exit_2(tmp_path, monkeypatc
     monkeypatch.setenv("PATH", str(tmp_path))                          # nor on PATH
     assert main(["start", "--pool", "p", "--limit", "1"]) == 2
     assert capsys.readouterr().err.startswith("error: no prefect executable beside")
+
+
+def test_a_worker_polls_the_default_queue_and_its_own_and_its_runs_learn_which(monkeypatch):
+    from pipeline.workers.queues import WORKER_QUEUE_VAR, own_queue, worker_name
+    from pipeline.workers.start import worker_command
+
+    command = worker_command("gpu", "host-a", ["--limit", "1"])
+    assert command[1:] == ["worker", "start", "--pool", "gpu", "--name", "host-a", "--work-queue", "default",
+                           "--work-queue", "on-host-a", "--limit", "1"]
+    # Queues of the user's own replace the default one; the worker's own is always polled.
+    assert worker_command("gpu", "host-a", ["-q", "urgent"])[7:] == ["--work-queue", "on-host-a", "-q", "urgent"]
+    assert own_queue(worker_name(None)).startswith("on-") and worker_name("w") == "w"
+    assert WORKER_QUEUE_VAR == "TEAM_WORKER_QUEUE"
