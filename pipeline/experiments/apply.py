@@ -19,6 +19,7 @@ import argparse
 import math
 import subprocess
 import sys
+from typing import Any
 
 from pipeline.config.overrides import dvc_executable
 
@@ -49,10 +50,19 @@ def winner(experiment: str, sweep: str) -> dict[str, str]:
     from pipeline.scoring.reports import RANK_METRIC
 
     runs = ranked_runs(experiment, sweep)
+    # The experiment holds a point's last attempt to finish: of two runs of one point (an attempt whose
+    # push failed, then another), only the newest finished one is that experiment's.
+    newest: dict[str, Any] = {}
+    for _, run in runs.iterrows():
+        name = run.get("tags.sweep.experiment")
+        if run["status"] == "FINISHED" and isinstance(name, str) and (
+                name not in newest or run["start_time"] > newest[name]["start_time"]):
+            newest[name] = run
     for _, run in runs.iterrows():
         score = run.get(f"metrics.{RANK_METRIC}")
         name = run.get("tags.sweep.experiment")
-        if run["status"] == "FINISHED" and score is not None and not math.isnan(score) and isinstance(name, str):
+        if isinstance(name, str) and newest.get(name) is not None and newest[name]["run_id"] == run["run_id"] \
+                and score is not None and not math.isnan(score):
             return {"run_id": run["run_id"], "score": f"{score:.2f}", "experiment": name,
                     "point": str(run.get("tags.sweep.point", "?")), "values": str(run.get("tags.sweep.overrides", ""))}
     raise ApplyError(f"no finished run of sweep {sweep!r} in experiment {experiment!r} has {RANK_METRIC} and a DVC "
@@ -92,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
     except (ApplyError, ParamsError, PreflightError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:   # noqa: BLE001 (the tracking server's answer: MlflowException, a bad tag)
+        print(f"error: {type(err).__name__}: {' '.join(str(err).split())[:400]}", file=sys.stderr)
         return 2
     changed = subprocess.run(["git", "status", "--porcelain", "--", "params.yaml", "dvc.lock"], capture_output=True,
                              text=True).stdout.split()

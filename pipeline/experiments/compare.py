@@ -99,8 +99,14 @@ def unfinished_points(sweep: str) -> list[str]:
         return []
     from pipeline.experiments.sweep_points import point_runs
 
+    try:
+        runs = point_runs(sweep)
+    except Exception as err:   # noqa: BLE001 (the Prefect server away: the table still stands)
+        print(f"warning: the sweep's flow runs could not be read from {PREFECT_API_URL.value()}: "
+              f"{type(err).__name__}", file=sys.stderr)
+        return []
     return [f"point {point}: {run.state}" + (f": {run.message}" if run.message else "")
-            for point, run in sorted(point_runs(sweep).items()) if run.state != "COMPLETED"]
+            for point, run in sorted(runs.items()) if run.state != "COMPLETED"]
 
 
 def logged_sets(runs: pd.DataFrame, role: str, key: str) -> list[str]:
@@ -193,7 +199,7 @@ def main() -> None:
     full_ids = sweep_runs(experiment, args.sweep)["run_id"].tolist() if not table.empty else []
     by_prefix = {r[:8]: r for r in full_ids}
     labels = [f"{row['run']} " + " ".join(f"{p}={row[p]}" for p in differing) for _, row in table.iterrows()]
-    if plot_curves(experiment, [by_prefix[r] for r in table["run"]], labels, PLOT):
+    if not table.empty and plot_curves(experiment, [by_prefix[r] for r in table["run"]], labels, PLOT):
         markdown += f"\n![validation curves]({PLOT.name})\n"
         print(f"validation curves: {PLOT}")
     write_text(REPORT, markdown)

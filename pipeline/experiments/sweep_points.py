@@ -47,6 +47,7 @@ class PointRun:
     final: bool
     tags: tuple[str, ...]
     message: str = ""
+    values: dict[str, Any] | None = None   # the point's grid values, as the run was given them
 
     @property
     def worker_queue(self) -> str:
@@ -58,13 +59,15 @@ class Step:
     point: int
     action: str           # "finished" | "follow" | "resume" | "submit"
     queue: str = ""       # resume: the crashed run's worker queue
-    flow_run_id: str = ""
+    flow_run_id: str = ""  # the point's newest flow run: followed, or replaced by a new one
     why: str = ""
 
 
-def plan(points: list[dict[str, Any]], sweep: str, pushed: set[str], runs: dict[int, PointRun]) -> list[Step]:
-    """What to do with each point, given the experiments pushed to the repository and each point's
-    newest flow run."""
+def plan(points: list[dict[str, Any]], sweep: str, pushed: set[str], runs: dict[int, PointRun],
+         online: set[str] | None = None) -> list[Step]:
+    """What to do with each point, given the experiments pushed to the repository, each point's
+    newest flow run and the queues of the workers online (``None``: not known, every one counts);
+    a crashed point whose worker is offline starts afresh on any worker."""
     steps = []
     for point in range(len(points)):
         run = runs.get(point)
@@ -72,12 +75,17 @@ def plan(points: list[dict[str, Any]], sweep: str, pushed: set[str], runs: dict[
             steps.append(Step(point, "finished", why="its experiment is on the repository"))
         elif run is not None and not run.final:
             steps.append(Step(point, "follow", flow_run_id=run.flow_run_id, why=f"its flow run is {run.state}"))
-        elif run is not None and run.state == "CRASHED" and run.worker_queue:
-            steps.append(Step(point, "resume", queue=run.worker_queue,
+        elif run is not None and run.state == "CRASHED" and run.worker_queue \
+                and (online is None or run.worker_queue in online):
+            steps.append(Step(point, "resume", queue=run.worker_queue, flow_run_id=run.flow_run_id,
                               why=f"it crashed on {run.worker_queue}, where its checkpoints are"))
+        elif run is not None and run.state == "CRASHED" and run.worker_queue:
+            steps.append(Step(point, "submit", flow_run_id=run.flow_run_id,
+                              why=f"it crashed on {run.worker_queue}, whose worker is offline: starting afresh "
+                                  "on any worker"))
         else:
             why = f"its last flow run ended {run.state}" + (f": {run.message}" if run.message else "") if run else ""
-            steps.append(Step(point, "submit", why=why or "not run yet"))
+            steps.append(Step(point, "submit", flow_run_id=run.flow_run_id if run else "", why=why or "not run yet"))
     return steps
 
 
@@ -89,14 +97,22 @@ def point_runs(sweep: str) -> dict[int, PointRun]:
     from prefect.client.schemas.sorting import FlowRunSort
 
     newest: dict[int, PointRun] = {}
+    runs: list[Any] = []
     with get_client(sync_client=True) as client:
         tagged = FlowRunFilter(tags=FlowRunFilterTags(all_=[f"{SWEEP_TAG}{sweep}"]))
-        runs = client.read_flow_runs(flow_run_filter=tagged, sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=200)
+        while True:   # the API answers at most 200 at a time
+            page = client.read_flow_runs(flow_run_filter=tagged, sort=FlowRunSort.EXPECTED_START_TIME_DESC,
+                                         limit=200, offset=len(runs))
+            runs += page
+            if len(page) < 200:
+                break
     for run in sorted(runs, key=lambda r: r.created, reverse=True):
-        point = (run.parameters or {}).get("point")
+        parameters = run.parameters or {}
+        point = parameters.get("point")
         if isinstance(point, int) and point not in newest and run.state is not None:
+            values = parameters.get("values")
             newest[point] = PointRun(str(run.id), run.state.type.value, run.state.is_final(), tuple(run.tags),
-                                     run.state.message or "")
+                                     run.state.message or "", values if isinstance(values, dict) else None)
     return newest
 
 

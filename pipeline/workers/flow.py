@@ -2,7 +2,9 @@
 pull steps chose the folder and the commit: ``pipeline.workers.workspace``).
 
 1. The tracking server answers (``pipeline.tracking.preflight``), before any work.
-2. The clone's DVC points at the team's remote (``TEAM_DVC_REMOTE_URL``, from the stack's env file).
+2. The clone's DVC points at the team's remote (``TEAM_DVC_REMOTE_URL``, from the stack's env file);
+   the retraining's own checkpoints are in place (a sweep's point may have run in this workspace:
+   ``pipeline.workers.checkpoints``).
 3. ``retraining``: incoming data, the DVC stages (each pulls from the remote first, so what another
    machine already made is restored, not rerun), the promotion gate on the tracking server.
 4. ``dvc push --run-cache``: everything the run made, for the next machine.
@@ -28,6 +30,7 @@ from pipeline.flows.pipelines import retraining, tracking_uri
 from pipeline.stack.client_env import REMOTE_URL_VAR
 from pipeline.stack.remote import configure_remote
 from pipeline.tracking.preflight import check_tracking_server
+from pipeline.workers.checkpoints import RETRAINING, take_checkpoints
 from pipeline.workers.results import Published, check_branch, publish
 
 DEFAULT_BRANCH = "retraining/results"
@@ -73,6 +76,7 @@ def team_retraining(results_branch: str = DEFAULT_BRANCH) -> dict[str, Any]:
     logger = get_run_logger()
     logger.info("workspace %s; tracking: %s", root, check_tracking_server(tracking_uri(root)))
     use_team_remote(str(root))
+    logger.info("%s", take_checkpoints(root, RETRAINING))   # a sweep's point may have run here since
     summary = retraining(workdir=str(root))
     push_outputs(str(root))
     published = publish_results(str(root), results_branch,

@@ -42,10 +42,12 @@ def prefect_executable() -> str:
 
 def worker_command(pool: str, name: str, extra: Sequence[str]) -> list[str]:
     """``prefect worker start`` polling the pool's default queue and the worker's own
-    (``pipeline.workers.queues``); queues named in ``extra`` replace the default one."""
+    (``pipeline.workers.queues``), one flow run at a time unless ``extra`` says ``--limit``: the runs
+    share the worker's workspace; queues named in ``extra`` replace the default one."""
     queues = [] if {"-q", "--work-queue"} & set(extra) else ["--work-queue", DEFAULT_QUEUE]
+    limit = [] if any(arg == "--limit" or arg.startswith("--limit=") for arg in extra) else ["--limit", "1"]
     return [prefect_executable(), "worker", "start", "--pool", pool, "--name", name, *queues,
-            "--work-queue", own_queue(name), *extra]
+            "--work-queue", own_queue(name), *limit, *extra]
 
 
 def exec_worker(command: Sequence[str], queue: str) -> None:

@@ -7,7 +7,8 @@ clone's commit (pushed to the repository the workers clone). Run with the team's
                                                                            # crashed ones resumed
     python -m pipeline.workers.sweep --pool gpu --phase final --sweep proxy-1203-0130 --top 2
                                                    # the 2 best points by valid_bleu on the server, full
-                                                   # runs: sweep proxy-1203-0130-final
+                                                   # runs: sweep proxy-1203-0130-final (a rerun: the same
+                                                   # points, whatever the ranking says since)
 
 Then ``make compare SWEEP=<name>`` ranks the sweep's runs and ``make sweep-apply SWEEP=<name>`` applies
 the winner. Exit 0 when every point finished, 1 when one did not (rerun to resume), 2 on bad input.
@@ -57,7 +58,15 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (the command's 
     from pipeline.workers.__main__ import DeployError, api_url, check_pushed, resolve_commit
     from pipeline.workers.deploy import WorkingTreeError, check_working_tree
     from pipeline.workers.sweep.deploy import PinnedElsewhere, deploy_sweep
-    from pipeline.workers.sweep.fanout import FanoutError, Point, describe, finished_experiments, follow, submit
+    from pipeline.workers.sweep.fanout import (
+        FanoutError,
+        Point,
+        describe,
+        finished_experiments,
+        follow,
+        online_queues,
+        submit,
+    )
     from pipeline.workers.workspace import WorkspaceError
 
     try:
@@ -83,35 +92,49 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (the command's 
                 raise SweepError("--phase final takes the best points of a sweep: name it with --sweep")
             source = check_sweep_name(args.sweep)
             name = check_sweep_name(f"{source}-final")
-            best = top_points(params.tracking.experiment, source, args.top or sweep.top)
+            earlier = point_runs(name)
+            if earlier and all(run.values is not None for run in earlier.values()):
+                # A rerun: the points the first call chose, whatever the proxy ranking says now.
+                best = [earlier[i].values for i in sorted(earlier)]
+            else:
+                best = top_points(params.tracking.experiment, source, args.top or sweep.top)
             if not best:
                 raise SweepError(f"no run of sweep {source!r} has a validation score on the tracking server "
-                                 f"(experiment {params.tracking.experiment!r}): run its proxy phase first")
+                                 f"(experiment {params.tracking.experiment!r}): run its proxy phase on the pool "
+                                 "first (a local sweep's runs carry no point's values)")
             points = [Point({**values, **sweep.final}, values) for values in best]
         deployed = deploy_sweep(repository, commit, args.pool, name, args.crash_grace)
         steps = plan([p.values for p in points], name, finished_experiments(repository, commit, name),
-                     point_runs(name))
+                     point_runs(name), online_queues(args.pool))
     except (ParamsError, SweepError, SweepNameError, DeployError, WorkingTreeError, WorkspaceError, PinnedElsewhere,
             PrefectPreflightError, PreflightError, FanoutError) as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:   # noqa: BLE001 (a server's answer, whatever its client raised for it)
+        print(f"error: {type(err).__name__}: {' '.join(str(err).split())[:400]}", file=sys.stderr)
         return 2
 
     print(f"sweep {name}: {len(points)} point(s) of {deployed.name} in pool {args.pool!r}, commit {commit[:12]}",
           flush=True)
     print("\n".join(describe(steps, points)), flush=True)
-    ids = submit(deployed.deployment_id, name, steps, points)
+    again = f"`make sweep POOL={args.pool} SWEEP={name if args.phase == 'proxy' else args.sweep}" + (
+        " PHASE=final`" if args.phase == "final" else "`")
     try:
+        ids = submit(deployed.deployment_id, name, steps, points)
         final = follow(ids, points, out=lambda line: print(line, flush=True))
     except KeyboardInterrupt:
-        print(f"\nstopped following: the points go on on the workers; `make sweep POOL={args.pool} SWEEP={name}` "
-              "follows them again", file=sys.stderr)
+        print(f"\nstopped following: the points go on on the workers; {again} follows them again", file=sys.stderr)
         return 130
+    except Exception as err:   # noqa: BLE001 (the Prefect server away, mid-follow)
+        print(f"error: {type(err).__name__}: {' '.join(str(err).split())[:400]}; the points go on on the workers: "
+              f"{again} follows them again", file=sys.stderr)
+        return 2
     done = sum(1 for s in steps if s.action == "finished") + sum(1 for state, _ in final.values()
                                                                   if state == "COMPLETED")
     print(f"\nsweep {name}: {done} of {len(points)} point(s) finished", flush=True)
     if done < len(points):
-        print(f"error: {len(points) - done} point(s) did not finish; rerun `make sweep POOL={args.pool} "
-              f"SWEEP={name}`: finished points are skipped, a crashed one resumes on its worker", file=sys.stderr)
+        print(f"error: {len(points) - done} point(s) did not finish; rerun {again}: finished points are skipped, "
+              "a crashed one resumes on its worker", file=sys.stderr)
         return 1
     print(f"ranking: make compare SWEEP={name}\nthe winner: make sweep-apply SWEEP={name}", flush=True)
     return 0

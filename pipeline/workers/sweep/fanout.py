@@ -2,7 +2,9 @@
 
 ``finished_experiments`` asks DVC which of the sweep's experiments are on the repository
 (``dvc exp list <repository> --rev <commit>``); ``sweep_points.plan`` says what each point needs;
-``submit`` makes one flow run per point to submit or resume (a resumed one on its worker's own queue);
+``online_queues`` which workers can take a resumed point back; ``submit`` makes one flow run per
+point to submit or resume (a resumed one on its worker's own queue, one run per point even when two
+commands plan at once: an idempotency key);
 ``follow`` prints each point's state as it changes until every one is final.
 """
 
@@ -13,10 +15,12 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 from uuid import UUID
 
 from pipeline.config.overrides import dvc_executable, hydra_value
 from pipeline.experiments.sweep_points import POINT_TAG, SWEEP_TAG, Step, experiment_name
+from pipeline.workers.queues import own_queue
 
 POLL_S = 3.0
 
@@ -39,8 +43,28 @@ def finished_experiments(repository: str, commit: str, sweep: str) -> set[str]:
     proc = subprocess.run([dvc_executable(), "exp", "list", repository, "--rev", commit, "--name-only"],
                           capture_output=True, text=True)
     if proc.returncode != 0:
-        raise FanoutError(f"dvc exp list {repository} failed: {(proc.stderr or proc.stdout).strip()[-400:]}")
+        detail = (proc.stderr or proc.stdout).strip()[-400:].replace(repository, redacted(repository))
+        raise FanoutError(f"dvc exp list {redacted(repository)} failed: {detail}")
     return {line.strip() for line in proc.stdout.splitlines() if line.strip().startswith(f"{sweep}-p")}
+
+
+def online_queues(pool: str) -> set[str]:
+    """The own queues of the pool's workers that are online (their heartbeats are on time)."""
+    from prefect import get_client
+    from prefect.client.schemas.objects import WorkerStatus
+
+    with get_client(sync_client=True) as client:
+        workers = client.read_workers_for_work_pool(pool)
+    return {own_queue(w.name) for w in workers if w.status == WorkerStatus.ONLINE}
+
+
+def redacted(url: str) -> str:
+    """``url`` without the password or token a git URL may carry (``https://user:token@host/...``)."""
+    parts = urlsplit(url)
+    if parts.password is None and not (parts.username and parts.scheme in ("http", "https")):
+        return url
+    host = parts.hostname or ""
+    return urlunsplit(parts._replace(netloc=f"***@{host}" + (f":{parts.port}" if parts.port else "")))
 
 
 def submit(deployment_id: UUID, sweep: str, steps: list[Step], points: list[Point]) -> dict[int, str]:
@@ -54,11 +78,13 @@ def submit(deployment_id: UUID, sweep: str, steps: list[Step], points: list[Poin
             if step.action not in ("submit", "resume"):
                 continue
             point = points[step.point]
+            # Two sweep commands planning at once make one flow run per point, not two.
+            key = f"{sweep}:{step.point}:after:{step.flow_run_id or 'none'}"
             run = client.create_flow_run_from_deployment(
                 deployment_id, parameters={"sweep": sweep, "point": step.point, "overrides": point.overrides,
                                            "values": point.values},
                 name=experiment_name(sweep, step.point), tags=[f"{SWEEP_TAG}{sweep}", f"{POINT_TAG}{step.point}"],
-                work_queue_name=step.queue or None)
+                work_queue_name=step.queue or None, idempotency_key=key)
             ids[step.point] = str(run.id)
     return ids
 
@@ -75,8 +101,12 @@ def follow(ids: Mapping[int, str], points: list[Point], out: Callable[[str], Non
     by_id = {UUID(run_id): point for point, run_id in ids.items()}
     with get_client(sync_client=True) as client:
         while len(final) < len(ids):
-            runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(by_id))),
-                                         limit=len(by_id))
+            pending = [run_id for run_id, point in by_id.items() if point not in final]
+            runs = [run for i in range(0, len(pending), 200) for run in client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=pending[i:i + 200])), limit=200)]
+            for gone in set(pending) - {run.id for run in runs}:   # deleted on the server
+                final[by_id[gone]] = ("DELETED", "its flow run was deleted")
+                out(f"  point {by_id[gone]} ({points[by_id[gone]].label()}): DELETED")
             for run in runs:
                 point = by_id[run.id]
                 if run.state is None or point in final:

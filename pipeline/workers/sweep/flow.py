@@ -7,11 +7,12 @@ pull steps checked out the sweep's commit there: ``pipeline.workers.workspace``)
 3. The data stages' outputs are pulled from the remote (``dvc pull download references tokenizer``):
    a point never makes them again, and fails with DVC's message if the remote lacks them.
 4. The point's overrides are written into params.yaml (comments and order kept, as ``-S`` would) and
-   the pipeline runs with ``dvc repro --pull``, the sweep's tags in its environment
+   the stages from train on run, forced (``dvc repro --force --no-run-cache --downstream train``: a
+   point with the commit's own params would otherwise find them up to date), the sweep's tags in its environment
    (``pipeline.tracking.sweep_point``): its MLflow run is tagged with them, its model logged, not
    registered. A training the same point left here before resumes from its newest checkpoint (the
-   train stage's own resume): the checkpoints of other points in this workspace wait aside
-   (``take_checkpoints``), and a pushed point's are dropped. Not ``dvc exp run``: it checks out the
+   train stage's own resume): the checkpoints of other points and of the retraining wait aside
+   (``pipeline.workers.checkpoints``), and a pushed point's are dropped. Not ``dvc exp run``: it checks out the
    commit's outputs first, and a train stage the commit's dvc.lock does not record loses its
    checkpoints there.
 5. ``dvc exp save -n <sweep>-p<point>``: the workspace as a DVC experiment of the commit, then
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from pipeline.flows.dvc_tasks import run_dvc
 from pipeline.flows.pipelines import tracking_uri
 from pipeline.tracking.preflight import check_tracking_server
 from pipeline.tracking.sweep_point import EXPERIMENT_VAR, OVERRIDES_VAR, POINT_VAR, SWEEP_VAR
+from pipeline.workers.checkpoints import drop_checkpoints, take_checkpoints
 from pipeline.workers.flow import use_team_remote
 from pipeline.workers.queues import current_queue
 from pipeline.workers.results import identity_env
@@ -83,50 +84,12 @@ def set_params(params_file: Path, overrides: dict[str, Any]) -> None:
     write_text(params_file, buffer.getvalue())
 
 
-# A worker's workspace serves every point it takes: the checkpoints of a point that did not finish
-# wait here, by experiment name, while others run (a rerun sends a crashed point back to this worker).
-CHECKPOINTS = Path("models/checkpoints")
-KEPT = Path(".dvc/tmp/sweep-checkpoints")     # git-ignored (.dvc/.gitignore), never pushed
-OWNER = KEPT / "owner"                        # the experiment whose checkpoints are in CHECKPOINTS
-
-
-def _has_files(folder: Path) -> bool:
-    return folder.is_dir() and any(folder.iterdir())
-
-
-def take_checkpoints(root: Path, name: str) -> str:
-    """Put this point's checkpoints in place: another point's (or the retraining's) move aside under
-    ``KEPT/<its name>``, this point's come back from there. Each step is a rename, in an order a
-    crash at any point of leaves resumable. Says what it did."""
-    current, kept = root / CHECKPOINTS, root / KEPT
-    owner_file = root / OWNER
-    owner = owner_file.read_text().strip() if owner_file.is_file() else "workspace"
-    said = []
-    if owner != name and _has_files(current):
-        shutil.rmtree(kept / owner, ignore_errors=True)
-        kept.mkdir(parents=True, exist_ok=True)
-        current.rename(kept / owner)
-        said.append(f"the checkpoints of {owner} kept aside")
-    if owner != name:
-        write_text(owner_file, name + "\n")
-    if _has_files(kept / name) and not _has_files(current):
-        shutil.rmtree(current, ignore_errors=True)
-        current.parent.mkdir(parents=True, exist_ok=True)
-        (kept / name).rename(current)
-        said.append(f"the checkpoints {name} left here restored")
-    return "; ".join(said) or "no checkpoints to move"
-
-
-def drop_checkpoints(root: Path) -> None:
-    """A pushed point's checkpoints are on the remote: none stays for the next point to resume from
-    by mistake (the same training settings would continue this point's MLflow run)."""
-    shutil.rmtree(root / CHECKPOINTS, ignore_errors=True)
-
-
 @task(name="dvc repro", cache_policy=NO_CACHE)
 def run_point(workdir: str, overrides: dict[str, Any]) -> None:
     set_params(Path(workdir) / "params.yaml", overrides)
-    run_dvc(["repro", "--pull"], Path(workdir))
+    # Forced from train on: a point whose params are the commit's own would find every stage up to
+    # date (or in the run-cache) and leave no run of the sweep's on the server.
+    run_dvc(["repro", "--force", "--no-run-cache", "--downstream", "train"], Path(workdir))
 
 
 @task(name="dvc exp save", cache_policy=NO_CACHE)

@@ -23,6 +23,8 @@ def test_each_point_is_finished_followed_resumed_or_submitted_by_what_is_pushed_
     assert [(s.point, s.action, s.queue) for s in steps] == [
         (0, "finished", ""), (1, "follow", ""), (2, "resume", "on-b"), (3, "submit", ""), (4, "finished", "")]
     assert steps[1].flow_run_id == "id-RUNNING"
+    # What a new run replaces: its key (one new run per replaced one) names it.
+    assert [s.flow_run_id for s in (steps[0], steps[2], steps[3])] == ["", "id-CRASHED", "id-FAILED"]
     assert steps[3].why == "its last flow run ended FAILED: train failed (exit 1)"
 
 
@@ -48,3 +50,10 @@ def test_experiment_names_and_sweep_names():
     for bad in ("", "-x", "a b", "a/b", "a..b", "x.lock", "x.", "é", "a" * 82):
         with pytest.raises(SweepNameError, match="sweep name"):
             check_sweep_name(bad)
+
+
+def test_a_crashed_point_whose_worker_is_offline_starts_afresh_on_any_worker():
+    crashed = {0: run("CRASHED", tags=("worker-queue:on-gone",)), 1: run("CRASHED", tags=("worker-queue:on-b",))}
+    steps = plan(POINTS[:2], "s", set(), crashed, online={"on-b", "on-c"})
+    assert [(s.action, s.queue) for s in steps] == [("submit", ""), ("resume", "on-b")]
+    assert steps[0].why == "it crashed on on-gone, whose worker is offline: starting afresh on any worker"

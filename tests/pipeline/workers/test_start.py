@@ -99,7 +99,9 @@ def test_a_worker_polls_the_default_queue_and_its_own_and_its_runs_learn_which(m
     command = worker_command("gpu", "host-a", ["--limit", "1"])
     assert command[1:] == ["worker", "start", "--pool", "gpu", "--name", "host-a", "--work-queue", "default",
                            "--work-queue", "on-host-a", "--limit", "1"]
-    # Queues of the user's own replace the default one; the worker's own is always polled.
-    assert worker_command("gpu", "host-a", ["-q", "urgent"])[7:] == ["--work-queue", "on-host-a", "-q", "urgent"]
+    # Queues of the user's own replace the default one; the worker's own is always polled; one run at a
+    # time unless the user says otherwise (the runs share its workspace).
+    assert worker_command("gpu", "host-a", ["-q", "urgent"])[7:] == ["--work-queue", "on-host-a", "--limit", "1",
+                                                                      "-q", "urgent"]
     assert own_queue(worker_name(None)).startswith("on-") and worker_name("w") == "w"
     assert WORKER_QUEUE_VAR == "TEAM_WORKER_QUEUE"

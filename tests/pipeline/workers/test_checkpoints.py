@@ -1,11 +1,12 @@
-"""pipeline/workers/sweep/flow.py: a worker's workspace keeps each unfinished point's checkpoints
-apart, so that the point that comes back resumes from its own and no other point from them."""
+"""pipeline/workers/checkpoints.py: a worker's workspace keeps each unfinished run's checkpoints
+apart (a sweep's points, the retraining), so that the run that comes back resumes from its own and
+no other from them."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipeline.workers.sweep.flow import CHECKPOINTS, KEPT, OWNER, drop_checkpoints, take_checkpoints
+from pipeline.workers.checkpoints import CHECKPOINTS, KEPT, OWNER, RETRAINING, drop_checkpoints, take_checkpoints
 
 pytestmark = pytest.mark.fast
 
@@ -32,12 +33,18 @@ def test_a_crashed_points_checkpoints_wait_aside_and_come_back_to_it(tmp_path):
     assert (tmp_path / OWNER).read_text() == "grid-p1\n"
 
 
-def test_the_retrainings_checkpoints_move_aside_and_a_point_resumes_its_own(tmp_path):
-    write_checkpoint(tmp_path, "retraining")
+def test_the_retrainings_checkpoints_move_aside_and_come_back_to_it(tmp_path):
+    write_checkpoint(tmp_path, "retraining")              # a retraining stopped mid-training
     take_checkpoints(tmp_path, "grid-p0")
-    assert (tmp_path / KEPT / "workspace").is_dir() and not (tmp_path / CHECKPOINTS).exists()
-    write_checkpoint(tmp_path, "grid-p0")
+    assert (tmp_path / KEPT / RETRAINING).is_dir() and not (tmp_path / CHECKPOINTS).exists()
+    write_checkpoint(tmp_path, "grid-p0")                 # the point crashed too
     assert take_checkpoints(tmp_path, "grid-p0") == "no checkpoints to move" and held(tmp_path) == "grid-p0"
+    said = take_checkpoints(tmp_path, RETRAINING)         # the retraining runs again here
+    assert said == ("the checkpoints of grid-p0 kept aside; the checkpoints workspace left here restored")
+    assert held(tmp_path) == "retraining" and not (tmp_path / OWNER).exists()
+    write_checkpoint(tmp_path, "retraining")
+    drop_checkpoints(tmp_path)
+    assert take_checkpoints(tmp_path, "grid-p0") == "the checkpoints grid-p0 left here restored"
 
 
 def test_a_crash_between_the_steps_leaves_it_resumable(tmp_path):
