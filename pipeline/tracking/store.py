@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import mlflow
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 DEFAULT_DB = "mlflow.db"
@@ -65,4 +66,11 @@ def experiment_id(name: str, c: MlflowClient | None = None) -> str:
     if found is not None:
         return found.experiment_id
     location = None if _user_uri() else Path(DEFAULT_ARTIFACTS).resolve().as_uri()
-    return c.create_experiment(name, artifact_location=location)
+    try:
+        return c.create_experiment(name, artifact_location=location)
+    except MlflowException as err:
+        # Two points of a sweep starting at once on two workers both find no experiment; the
+        # second creation is refused, and the first one's experiment is the one to use.
+        if err.error_code != "RESOURCE_ALREADY_EXISTS" or (found := c.get_experiment_by_name(name)) is None:
+            raise
+        return found.experiment_id

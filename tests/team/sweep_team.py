@@ -73,11 +73,11 @@ class SweepTeam:
 
 @contextmanager
 def sweep_team(tmp: Path, host_names: tuple[str, ...], grid: dict[str, list[Any]], train: dict[str, Any],
-               tracking: dict[str, str]) -> Iterator[SweepTeam]:
+               tracking: dict[str, str], sections: dict[str, dict[str, Any]] | None = None) -> Iterator[SweepTeam]:
     """The team, with ``params/sweep.yaml`` holding ``grid`` (no proxy overrides) and the tiny
-    params with ``train`` and ``tracking`` on top."""
+    params with ``train``, ``tracking`` and whole ``sections`` on top."""
     with hosts.Network(host_names) as network, running_stack(network.server_address) as stack:
-        params = tiny_params({"train": {**TINY["train"], **train}, "tracking": tracking})
+        params = tiny_params({"train": {**TINY["train"], **train}, "tracking": tracking, **(sections or {})})
         root, env = make_workspace(tmp / "first" / "repo", params)
         env.pop("MLFLOW_TRACKING_URI")
         (root / "params").mkdir()

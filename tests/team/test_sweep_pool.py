@@ -5,13 +5,14 @@ git repository with ``git daemon``, makes the data stages and pushes them. A col
 the repository runs ``python -m pipeline.workers.sweep --pool ...`` (``make sweep POOL=...``) on a
 4-point tiny grid; two workers (``python -m pipeline.workers start``, one per host, ``--limit 1``,
 one thread each) take the points at once. The second worker is stopped in the middle of a point's
-training: that point's flow run crashes and the sweep command says so. The second worker started
-again and the sweep rerun: the three finished points are skipped (their experiments are on the
-repository) and the crashed one resumes from its checkpoints on its own worker. Then every point is
-one run on the tracking server with its overrides and the sweep's tag, none registered;
-``compare --sweep`` ranks them; ``apply --sweep`` applies and registers the winner (its lineage on
-the model card); committed and pushed, a clean clone's ``dvc pull`` has its outputs and
-``dvc status`` is clean.
+training and started again at once: it takes a point still waiting, the stopped point's flow run
+crashes, no process of it is left, and the sweep command says so. The sweep rerun: the three finished
+points are skipped (their experiments are on the repository) and the crashed one resumes from its
+checkpoints on its own worker, ending with its twin's checkpoints byte for byte (the twin trained the
+same updates without a stop). Then every point is one run on the tracking server with its overrides
+and the sweep's tag, none registered; ``compare --sweep`` ranks them; ``apply --sweep`` applies and
+registers the winner (its lineage on the model card); committed and pushed, a clean clone's ``dvc
+pull`` has its outputs and ``dvc status`` is clean.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
+from ..pipeline.conftest import TINY
 from .conftest import PYTHON, server_client, skip_without_second_hosts
 from .sweep_team import SweepTeam, Worker, sweep_team
 from .test_two_machines import Machine
-from .test_worker import stop
+from .test_worker import descendants, stop
 
 pytestmark = pytest.mark.service
 
@@ -37,6 +40,10 @@ HOSTS = ("sweep-a", "sweep-b")
 # Enough updates that the stop lands between two checkpoints of the point (a few seconds of the tiny preset).
 TRAIN = {"max_epochs": 0, "max_steps": 100, "checkpoint_every_steps": 20, "validate_every": 50, "log_every": 20}
 GRID = {"train.lr_scale": [0.5, 1.0], "average.last_n": [2, 3]}
+# One decoding setting to tune and short test outputs: the test is about the points, not their scores.
+DECODING = {"tune": {**TINY["tune"], "beam_sizes": [1], "alphas": [0.6], "stoppings": ["fairseq"], "ct2_alphas": [0.6],
+                     "max_sentences": 50},
+            "evaluate": {**TINY["evaluate"], "max_len_b": 4, "batch_sentences": 512}}
 CRASH_GRACE_S = 10
 SWEEP_TIMEOUT_S = 600
 HERE = Path(__file__).resolve().parent
@@ -53,7 +60,7 @@ def prefect(team: SweepTeam, *args: str, timeout: float = 60) -> object:
 def pool(tmp_path_factory) -> Iterator[SweepTeam]:
     skip_without_second_hosts()
     with sweep_team(tmp_path_factory.mktemp("sweep-pool"), HOSTS, GRID, TRAIN,
-                    {"experiment": EXPERIMENT, "registered_model": MODEL}) as team:
+                    {"experiment": EXPERIMENT, "registered_model": MODEL}, DECODING) as team:
         yield team
 
 
@@ -74,15 +81,23 @@ def swept(pool: SweepTeam) -> dict[str, str]:
     started = time.monotonic()
     sweep = pool.sweep(SWEEP, first_log, "--crash-grace", str(CRASH_GRACE_S))
     try:
+        stopped = pool.workers["sweep-b"].process
         wait_for_checkpoint(pool.workers["sweep-b"])
+        started_there = descendants(stopped.pid)   # the flow run, DVC and the train stage
         # A service manager's stop: the worker SIGKILLs its flow run; the heartbeat automation crashes it.
-        pool.workers["sweep-b"].process.send_signal(signal.SIGINT)
-        pool.workers["sweep-b"].process.wait(timeout=120)
+        stopped.send_signal(signal.SIGINT)
+        stopped.wait(timeout=120)
+        deadline = time.monotonic() + 60
+        while (left := [pid for pid in started_there if Path(f"/proc/{pid}").exists()]) \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
+        # Back at once (the same host and workspace): it takes a point still waiting while the
+        # crashed one's heartbeat runs out, and the crashed one only when the sweep is rerun.
+        pool.start_worker("sweep-b")
         first_code = sweep.wait(timeout=SWEEP_TIMEOUT_S)
     finally:
         stop(sweep)
     first = first_log.read_text()
-    pool.start_worker("sweep-b")   # the same host and workspace
     second_log = pool.tmp / "sweep-2.log"
     rerun = pool.sweep(SWEEP, second_log, "--crash-grace", str(CRASH_GRACE_S))
     try:
@@ -91,6 +106,7 @@ def swept(pool: SweepTeam) -> dict[str, str]:
         stop(rerun)
     second = second_log.read_text()
     print(f"the sweep, its crash and its rerun: {time.monotonic() - started:.0f} s")
+    assert not left, "processes of the stopped point's flow run were still running a minute later"
     assert first_code == 1, first
     assert second_code == 0, second + "\n" + pool.workers["sweep-b"].output()[-3000:]
     return {"first": first, "second": second}
@@ -111,6 +127,22 @@ def test_a_worker_stopped_mid_point_crashes_it_and_the_rerun_resumes_only_that_p
     assert newest["state"] == "COMPLETED" and "worker-queue:on-sweep-b" in newest["tags"], newest
     logs = "\n".join(prefect(pool, "logs", newest["id"]))
     assert "resuming from step" in logs, logs[-3000:]
+    # Its twin (the same train.lr_scale, the other average.last_n) trained the same updates without a
+    # stop: the resumed training's kept checkpoints are the twin's, byte for byte (one DVC hash).
+    twin = point ^ 1
+    assert checkpoints_hash(pool, point) == checkpoints_hash(pool, twin)
+
+
+def checkpoints_hash(pool: SweepTeam, point: int) -> str:
+    """The md5 of ``models/checkpoints`` in the ``dvc.lock`` of the point's pushed experiment."""
+    git = ["git", f"--git-dir={pool.tmp / 'git' / 'translator.git'}"]
+    refs = subprocess.run([*git, "for-each-ref", "--format=%(refname)", "refs/exps"], capture_output=True,
+                          text=True, check=True).stdout.split()
+    (ref,) = [r for r in refs if r.endswith(f"/{SWEEP}-p{point}")]
+    lock = yaml.safe_load(subprocess.run([*git, "show", f"{ref}:dvc.lock"], capture_output=True, text=True,
+                                         check=True).stdout)
+    (out,) = [o for o in lock["stages"]["train"]["outs"] if o["path"] == "models/checkpoints"]
+    return out["md5"]
 
 
 def test_every_point_is_one_run_on_the_server_tagged_with_its_overrides_and_none_registered(pool, swept,

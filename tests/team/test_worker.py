@@ -7,9 +7,9 @@ and their ``dvc.lock``, and deploys ``team-retraining`` pinned to that commit
 a network namespace with its own address and hostname, runs the deployment: it clones the
 repository into its workspace, pulls what the first machine made instead of rerunning it,
 trains, logs and registers on the MLflow server (the gate makes it champion), pushes to the S3
-remote and commits ``dvc.lock`` to a branch that a colleague fetches and pulls. A worker stopped
-with SIGINT in the middle of training leaves a crashed flow run; running the deployment again in
-the same workspace resumes from its checkpoint and ends with the weights of the uninterrupted run.
+remote and commits ``dvc.lock`` to a branch that a colleague fetches and pulls. (A worker stopped in
+the middle of a training, its flow run crashed and resumed on the same workspace: ``test_sweep_pool``,
+whose points run on workers the same way.)
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import torch
 
 from ..pipeline.conftest import BIN, MIRROR, TINY, make_workspace, tiny_params
 from . import hosts
@@ -37,10 +36,9 @@ pytestmark = pytest.mark.service
 EXPERIMENT, MODEL, POOL, BRANCH = "worker-test", "worker-translator", "test-gpu-pool", "retraining/worker-a"
 DEPLOYMENT = "team-retraining/scheduled-retraining"
 HERE = Path(__file__).resolve().parent
-# Enough updates that a SIGINT lands between two checkpoints (tiny preset: a few seconds of training).
-TRAIN = {"max_epochs": 0, "max_steps": 150, "checkpoint_every_steps": 25, "validate_every": 75, "log_every": 25}
+TRAIN = {"max_epochs": 0, "max_steps": 60, "checkpoint_every_steps": 20, "validate_every": 30, "log_every": 20}
 FLOW_RUN_TIMEOUT_S = 420
-CRASH_GRACE_S = 10   # the stopped worker's run is Crashed 40 s after its last heartbeat, not 75
+CRASH_GRACE_S = 10   # a stopped worker's run is Crashed 40 s after its last heartbeat, not 75
 
 
 def free_port(host: str) -> int:
@@ -191,11 +189,6 @@ def descendants(pid: int) -> list[int]:
     return [grandchild for child in children for grandchild in [child, *descendants(child)]]
 
 
-def final_weights(workspace: Path) -> dict[str, torch.Tensor]:
-    newest = max((workspace / "models" / "checkpoints").glob("*.pt"), key=lambda p: p.stat().st_mtime)
-    return torch.load(newest, map_location="cpu", weights_only=True)["model"]
-
-
 @pytest.fixture(scope="module")
 def first_run(team: Team) -> tuple[Worker, dict, list[str], float]:
     """One run of the deployment by a worker, which stops afterwards (the pool then has no worker)."""
@@ -265,44 +258,3 @@ def test_worker_deployment_is_scheduled_one_run_at_a_time(team, first_run):
     assert deployment["schedules"] == ["0 3 * * 1"] and deployment["work_pool_name"] == POOL
     assert deployment["version"] == team.commit[:12] and deployment["parameters"] == {"results_branch": BRANCH}
     assert team.commit in json.dumps(deployment["pull_steps"])
-
-
-def test_worker_stopped_mid_training_crashes_the_run_and_the_rerun_resumes_to_the_same_weights(team, first_run):
-    reference, _, _, _ = first_run
-    worker = start_worker(team, "worker-2")
-    try:
-        run = team.prefect("start", DEPLOYMENT)
-        checkpoints = worker.workspace / "models" / "checkpoints"
-        deadline = time.monotonic() + FLOW_RUN_TIMEOUT_S
-        while not list(checkpoints.glob("*.pt")):
-            assert time.monotonic() < deadline and worker.process.poll() is None, worker.output()[-3000:]
-            time.sleep(0.1)
-        started = descendants(worker.process.pid)   # the flow run, DVC and the train stage
-        worker.process.send_signal(signal.SIGINT)    # a service manager's stop (docs/team.md: KillMode=mixed)
-        worker.process.wait(timeout=120)
-        # The worker SIGKILLs its flow run: the deployment's heartbeat automation marks it Crashed.
-        state = team.prefect("wait", run["id"], "240", timeout=300)
-        assert state["type"] in ("CRASHED", "CANCELLED"), (state, team.prefect("logs", run["id"])[-30:])
-        assert state["type"] == "CANCELLED" or f"no heartbeat for {30 + CRASH_GRACE_S} s" in state["message"], state
-        deadline = time.monotonic() + 60
-        while (left := [pid for pid in started if Path(f"/proc/{pid}").exists()]) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not left, "processes of the stopped flow run are still running"
-        logs = "\n".join(team.prefect("logs", run["id"]))
-        assert "Running stage 'average'" not in logs   # it really stopped in the middle of training
-    finally:
-        stop(worker.process, signal.SIGINT)
-
-    worker = start_worker(team, "worker-2")   # the same host and workspace, started again
-    try:
-        run = team.prefect("start", DEPLOYMENT)
-        state = team.prefect("wait", run["id"], str(FLOW_RUN_TIMEOUT_S), timeout=FLOW_RUN_TIMEOUT_S + 60)
-        logs = "\n".join(team.prefect("logs", run["id"]))
-        assert state["type"] == "COMPLETED", f"{state}\n{worker.output()[-3000:]}\n{logs[-3000:]}"
-        assert "resuming from step" in logs, logs[-3000:]
-    finally:
-        stop(worker.process, signal.SIGINT)
-    resumed, uninterrupted = final_weights(worker.workspace), final_weights(reference.workspace)
-    assert resumed.keys() == uninterrupted.keys()
-    for name in resumed:
-        torch.testing.assert_close(resumed[name], uninterrupted[name], rtol=0, atol=0, msg=name)

@@ -167,7 +167,9 @@ def test_a_two_point_sweep_runs_in_the_dvc_queue_and_compare_ranks_it_by_validat
     assert swept == [0.5, 2.0]
 
     # Both are in the repository's MLflow store with their swept values and the proxy's cap.
+    # Both URIs: an earlier test in this process may have left mlflow's registry URI on its own store.
     mlflow.set_tracking_uri(f"sqlite:///{root / 'mlflow.db'}")
+    mlflow.set_registry_uri(f"sqlite:///{root / 'mlflow.db'}")
     runs = mlflow.search_runs(experiment_names=[TINY["tracking"]["experiment"]])
     assert sorted(runs["params.train.lr_scale"].astype(float)) == [0.5, 2.0]
     assert set(runs["params.train.max_minutes"]) == {"2"}
