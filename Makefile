@@ -63,7 +63,7 @@ TEST_XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist load
 # The tiers (docs/testing.md): markers for what makes a test expensive, added in tests/conftest.py.
 FAST_TIERS := not service and not pipeline and not training and not slow
 .PHONY: test-fast
-test: setup stack-deps  ## every test, what CI runs (CPU, 14 to 19 minutes on 2 cores; TEST_WORKERS=n processes, 0 = one process)
+test: setup stack-deps  ## every test, what CI runs (CPU, 21 to 24 minutes on 2 cores of the slower kind; TEST_WORKERS=n processes, 0 = one process)
 	$(BIN)/python -m pytest -q --durations=15 $(TEST_XDIST)
 
 test-fast: setup  ## the developer's loop, under 2 minutes on 2 cores: all but the service, pipeline, training and slow tests (ARGS=... to pytest)

@@ -15,17 +15,15 @@ Workers. ``make test`` runs two pytest-xdist workers with ``--dist loadfile``: a
 one worker, so a module fixture is built once and a session fixture at most once per worker. On top
 of that (``pytest_xdist_make_scheduler``), the modules that use one of the expensive session fixtures
 of ``SHARED`` go to the same worker, so that fixture is built once per run and not once per worker
-(the pipeline workspace is a whole ``dvc repro``). The units of work go out longest first, by the
-seconds each module took in a measured run (``module_seconds.json``; ``TEST_RECORD_SECONDS=1 make
-test`` writes it afresh; a module not in it is estimated from its tier): a long module handed out
-last would run alone at the end while the other worker idles. xdist's own order (most tests first)
-put the long service modules, which have few tests, last."""
+(the pipeline workspace is a whole ``dvc repro``). The units of work go out longest first, as their
+tiers estimate (``TIER_SECONDS``): a long module handed out last runs alone at the end while the
+other worker idles, and xdist's own order (most tests first) put the long service modules, which
+have few tests, last."""
 
 from __future__ import annotations
 
 import ast
 import functools
-import json
 import os
 from collections import defaultdict
 from pathlib import Path
@@ -48,11 +46,9 @@ FIXTURE_MARKS = {
 
 TIERS = ("fast", "service", "pipeline", "training", "slow")
 
-# What a module took in the run that wrote module_seconds.json (setup, call and teardown, summed);
-# for a module not measured yet, an estimate from the most expensive tier among its tests.
-MODULE_SECONDS = TESTS / "module_seconds.json"
+# The seconds a module is expected to take, from the most expensive tier among its tests: the order
+# in which the xdist workers get the units of work (``longest_first``).
 TIER_SECONDS = {"slow": 60.0, "training": 30.0, "pipeline": 30.0, "service": 30.0, "fast": 2.0}
-RECORD_SECONDS = "TEST_RECORD_SECONDS"
 
 # Session fixtures expensive enough that the modules using them share one worker.
 SHARED = {"workspace": "workspace", "beam1_experiment": "workspace", "copy_task": "copy_task",
@@ -113,10 +109,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = longest_first(items)
 
 
-def measured_seconds() -> dict[str, float]:
-    return json.loads(MODULE_SECONDS.read_text()) if MODULE_SECONDS.is_file() else {}
-
-
 def work_unit(path: str) -> str:
     """The scheduler's unit of work of the test module ``path``: its ``SHARED`` fixture, or itself."""
     shared = shared_fixture(path)
@@ -126,16 +118,13 @@ def work_unit(path: str) -> str:
 def longest_first(items: list[pytest.Item]) -> list[pytest.Item]:
     """The items, units of work (``work_unit``) in the order of their expected seconds, longest
     first; the modules of a unit likewise, each module's tests in their own order. The scheduler
-    hands the units out in that order. Every worker computes the same order (the same file, the same
-    marks), as xdist requires."""
-    measured = measured_seconds()
+    hands the units out in that order. Every worker computes the same order (the same marks), as
+    xdist requires."""
     modules: dict[str, list[pytest.Item]] = defaultdict(list)
     for item in items:
         modules[item.nodeid.split("::", 1)[0]].append(item)
 
     def expected(path: str) -> float:
-        if path in measured:
-            return measured[path]
         marks = {m.name for item in modules[path] for m in item.iter_markers() if m.name in TIER_SECONDS}
         return max((TIER_SECONDS[m] for m in marks), default=TIER_SECONDS["fast"])
 
@@ -144,25 +133,6 @@ def longest_first(items: list[pytest.Item]) -> list[pytest.Item]:
         units[work_unit(path)].append(path)
     order = sorted(units.values(), key=lambda paths: -sum(expected(p) for p in paths))
     return [item for paths in order for path in paths for item in modules[path]]
-
-
-_seconds: dict[str, float] = defaultdict(float)
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    _seconds[report.nodeid.split("::", 1)[0]] += report.duration
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """With ``TEST_RECORD_SECONDS=1``, on the controller (or the only process): each module's seconds
-    into module_seconds.json, for the next run's order."""
-    if os.environ.get(RECORD_SECONDS) != "1" or hasattr(session.config, "workerinput") or not _seconds:
-        return
-    recorded = {**measured_seconds(), **{path: round(s, 1) for path, s in _seconds.items()}}
-    recorded = {path: s for path, s in recorded.items() if (TESTS.parent / path).is_file()}
-    temporary = MODULE_SECONDS.with_suffix(".json.tmp")
-    temporary.write_text(json.dumps(dict(sorted(recorded.items())), indent=1) + "\n")
-    temporary.replace(MODULE_SECONDS)
 
 
 @functools.cache
