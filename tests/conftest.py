@@ -124,14 +124,13 @@ def longest_first(items: list[pytest.Item]) -> list[pytest.Item]:
     for item in items:
         modules[item.nodeid.split("::", 1)[0]].append(item)
 
-    def expected(path: str) -> float:
-        marks = {m.name for item in modules[path] for m in item.iter_markers() if m.name in TIER_SECONDS}
-        return max((TIER_SECONDS[m] for m in marks), default=TIER_SECONDS["fast"])
-
+    expected = {path: max((TIER_SECONDS[m.name] for item in tests for m in item.iter_markers()
+                           if m.name in TIER_SECONDS), default=TIER_SECONDS["fast"])
+                for path, tests in modules.items()}
     units: dict[str, list[str]] = defaultdict(list)
-    for path in sorted(modules, key=lambda path: -expected(path)):   # stable: ties keep the collection's order
+    for path in sorted(modules, key=lambda path: -expected[path]):   # stable: ties keep the collection's order
         units[work_unit(path)].append(path)
-    order = sorted(units.values(), key=lambda paths: -sum(expected(p) for p in paths))
+    order = sorted(units.values(), key=lambda paths: -sum(expected[p] for p in paths))
     return [item for paths in order for path in paths for item in modules[path]]
 
 
@@ -158,7 +157,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
         return None
     from xdist.scheduler import LoadFileScheduling
 
-    config.option.loadscopereorder = False   # the collection's order (longest_modules_first) holds
+    config.option.loadscopereorder = False   # the collection's order (longest_first) holds
 
     class SharedFixtureScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
