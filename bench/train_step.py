@@ -11,7 +11,14 @@ update's bookkeeping, the log window), on the same token store, for every varian
   loop, the default on a CPU), ``prefetch2`` (collated two updates ahead on a thread, pinned on
   CUDA: the default there), ``processes2`` (two training processes of one thread each, gloo,
   ``max_tokens`` shared out as the train stage does: the same tokens per update; a lever that changes
-  the batches, hence the outputs) against one process of all threads.
+  the batches, hence the outputs) against one process of all threads; the C allocator:
+  ``malloc_system`` (the process as started: glibc's malloc), ``malloc_glibc`` (glibc kept from
+  returning memory, ``GLIBC_TUNABLES``), ``jemalloc`` (Debian's ``libjemalloc2`` preloaded; the bench
+  stops naming the package when it is missing).
+
+``ours`` runs on the allocator the train stage chooses on this machine (``pipeline/stages/malloc.py``:
+tcmalloc where installed, else glibc tuned; ``PIPELINE_MALLOC`` as for the stage), ``theirs`` as its
+own stage ran, on the environment as it is (a revision from before the choice started nothing).
 
 Each variant runs in a fresh process per round (``--threads`` torch threads in all), trains
 ``--warmup`` + ``--windows`` x ``--log-every`` updates and reports the target tokens per second of
@@ -37,7 +44,33 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LEVERS = ("prefetch0", "prefetch2", "processes2", "expandable", "compiled", "pad64")
+LEVERS = ("prefetch0", "prefetch2", "processes2", "expandable", "compiled", "pad64", "malloc_system",
+          "malloc_glibc", "jemalloc")
+JEMALLOC, JEMALLOC_PACKAGE = "libjemalloc.so.2", "libjemalloc2"
+
+
+def jemalloc_library() -> str:
+    """The path of the jemalloc the ``jemalloc`` lever preloads; stops naming the package if absent."""
+    from pipeline.stages.malloc import LIBRARY_DIRS
+
+    for directory in LIBRARY_DIRS:
+        if (path := Path(directory) / JEMALLOC).is_file():
+            return str(path)
+    raise SystemExit(f"error: --levers jemalloc: {JEMALLOC} not found in {', '.join(LIBRARY_DIRS)} "
+                     f"(Debian: apt-get install {JEMALLOC_PACKAGE})")
+
+
+def allocator_env(name: str) -> dict[str, str]:
+    """What a variant adds to the environment for its allocator (module docstring)."""
+    from pipeline.stages import malloc
+
+    if name == "theirs" or name == "malloc_system":
+        return {}
+    if name == "malloc_glibc":
+        return malloc.plan({malloc.MALLOC_ENV: "glibc"}).env
+    if name == "jemalloc":
+        return {"LD_PRELOAD": jemalloc_library()}
+    return malloc.plan(os.environ).env   # the train stage's choice
 
 
 def cpu_name() -> str:
@@ -133,6 +166,7 @@ def run_variant(name: str, root: Path, args: argparse.Namespace, model_config: s
     env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1" if name == "processes2" else str(args.threads)}
     if name == "expandable":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    env.update(allocator_env(name))
     result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=root)
     lines = [line for line in result.stdout.splitlines() if line.startswith("RATES ")]
     if result.returncode or not lines:
@@ -172,6 +206,16 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "bench"))
     from train_throughput import SHAPES, params_shape
 
+    from pipeline.config.errors import ParamsError
+    from pipeline.stages import malloc
+
+    try:
+        ours_malloc = malloc.plan(os.environ)   # a bad PIPELINE_MALLOC or a missing library: before any round
+    except ParamsError as err:
+        raise SystemExit(f"error: {err}") from None
+    if "jemalloc" in levers:
+        jemalloc_library()
+
     from transformer.config import build_config
 
     shape = params_shape() if args.preset == "default" else SHAPES[args.preset]
@@ -205,6 +249,7 @@ def main() -> None:
     machine = f"{torch.cuda.get_device_name()}, host {cpu_name()}" if gpu else cpu_name()
     print(f"machine: {machine}, {args.threads} threads, precision {args.precision}, preset {shape.preset} "
           f"(d_model {shape.d_model}, {shape.layers}+{shape.layers} layers), {args.max_tokens} tokens per update")
+    print(f"ours on the train stage's allocator: {ours_malloc.describe()}")
     for name, value in median.items():
         where = f" ({variants[name]})" if name == "theirs" else ""
         print(f"{name:>11}{where}: {value:,.0f} target tokens/s (median of {len(rates[name])} windows)")

@@ -36,12 +36,20 @@ Ours trains as the trainer does, the output projection fused into the loss
 time in the same rounds with the logits made whole and the loss after them, and prints
 ``fused_loss_ratio=<fused / unfused>``.
 
-    python bench/train_throughput.py [--steps 20] [--rounds 5] [--precision auto] [--compile]
+``--static-compile`` measures what compiling on bucketed, static widths could give at best: ours
+compiled with static shapes (``dynamic=False``) against ours eager, both on one repeated batch of the
+median width (so the compiled step never recompiles: a real run would pay a compilation per distinct
+width pair), in the same rounds; it prints the compilation's seconds and ``static_compile_ratio=``.
+
+    python bench/train_throughput.py [--steps 20] [--rounds 5] [--precision auto] [--compile] [--static-compile]
                                      [--device cpu|cuda] [--preset default|small|base|big] [--max-tokens N]
                                      [--token-store DIR] [--no-reference] [--unfused-loss] [--d-model N --layers N ...]
 
 ``--precision auto`` (default) is what ``train.precision: auto`` resolves to on the device: bf16
 where it has fast bf16 products (AVX512-BF16/AMX CPU, GPU), else fp32.
+
+The bench runs on the C allocator the train stage chooses (``pipeline/stages/malloc.py``: tcmalloc where
+installed; ``PIPELINE_MALLOC=system`` for the process as started), both models alike, and names it.
 """
 
 from __future__ import annotations
@@ -302,6 +310,23 @@ def gpu_peak(device: torch.device) -> tuple[float, str]:
     return peak, f"measured bf16 peak {_flops_text(peak, device)} on {name}: {how}"
 
 
+def static_compile_pair(config, work: list[Work], precision: str, shape: Shape,
+                        device: torch.device) -> tuple[nn.Module, nn.Module, list[Work]]:
+    """(ours eager, the same weights compiled with static shapes, one batch of the median width) for
+    ``--static-compile``; the compilation's seconds are printed."""
+    one = [sorted(work, key=lambda w: w.batch.src.size(1) + w.batch.tgt_in.size(1))[len(work) // 2]]
+    eager = Transformer(config).to(device)
+    compiled_copy = Transformer(config).to(device)
+    compiled_copy.load_state_dict(eager.state_dict())
+    start = time.perf_counter()
+    compiled = torch.compile(compiled_copy, dynamic=False)
+    throughput(compiled, one, precision, 1, 2, fused=True, d_model=shape.d_model, device=device)
+    print(f"torch.compile with static shapes, one batch width: {time.perf_counter() - start:.1f} s "
+          f"({len({(w.batch.src.shape, w.batch.tgt_in.shape) for w in work})} distinct batch shapes among "
+          f"the {len(work)} batches)", flush=True)
+    return eager, compiled, one
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20, help="timed updates per round and model")
@@ -327,9 +352,16 @@ def main() -> None:
     parser.add_argument("--unfused-loss", action="store_true",
                         help="also time ours with the logits made whole and the loss after them (the trainer "
                              "before the projection was fused into the loss), in the same rounds")
+    parser.add_argument("--static-compile", action="store_true",
+                        help="also time ours compiled with static shapes against ours eager, both on one "
+                             "repeated batch of the median width, in the same rounds (the best a compiled "
+                             "step on bucketed widths could do)")
     for name in ("d_model", "heads", "d_ff", "layers"):   # a smaller shape of the preset (rehearsals)
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help=f"override the preset's {name}")
     args = parser.parse_args()
+    from pipeline.stages.malloc import restart_on_chosen_malloc
+
+    restart_on_chosen_malloc()   # as the train stage runs: both models on the same allocator
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda, but no GPU is visible")
@@ -362,10 +394,13 @@ def main() -> None:
             throughput(module, work, args.precision, 1, 2, fused=True, d_model=shape.d_model, device=device)
             print(f"torch.compile warm-up ({name}): {time.perf_counter() - t0:.1f} s", flush=True)
             model, reference = (module, reference) if name == "ours" else (model, module)
+    static: tuple[nn.Module, nn.Module, list[Work]] | None = None
+    if args.static_compile:
+        static = static_compile_pair(config, work, args.precision, shape, device)
     # A CPU's peak is measured in every round, in the training precision, and the best kept: a slow
     # spell of a shared machine during one measurement would otherwise lower the peak and raise MFU.
     peak_dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
-    refs, refs32, ours, unfused, peaks = [], [], [], [], []
+    refs, refs32, ours, unfused, peaks, one_eager, one_static = [], [], [], [], [], [], []
     memory = {"reference": 0, "ours": 0}
     for r in range(args.rounds):
         window = work[r * args.steps:] + work[:r * args.steps]  # the same batches for both models
@@ -382,12 +417,21 @@ def main() -> None:
         if args.unfused_loss:
             unfused.append(throughput(model, window, args.precision, args.steps, args.warmup, fused=True,
                                       d_model=shape.d_model, device=device, fused_loss=False))
+        static_text = ""
+        if static is not None:
+            eager_model, static_model, one = static
+            one_eager.append(throughput(eager_model, one, args.precision, args.steps, args.warmup, fused=True,
+                                        d_model=shape.d_model, device=device)[0])
+            one_static.append(throughput(static_model, one, args.precision, args.steps, args.warmup, fused=True,
+                                         d_model=shape.d_model, device=device)[0])
+            static_text = f", one batch eager {one_eager[-1]:,.0f}, compiled static {one_static[-1]:,.0f}"
         if not on_gpu:
             peaks.append(measure_matmul_peak(device, peak_dtype, [(2048, 2048, 2048), (4096, 256, 1024)]))
         ref_text = (f"reference {refs[-1][0]:,.0f}, " if refs else "") + (
             f"reference in fp32 {refs32[-1][0]:,.0f}, " if refs32 else "")
         unfused_text = f", ours with the unfused loss {unfused[-1][0]:,.0f}" if unfused else ""
-        print(f"round {r + 1}: {ref_text}ours {ours[-1][0]:,.0f}{unfused_text} target tokens/s", flush=True)
+        print(f"round {r + 1}: {ref_text}ours {ours[-1][0]:,.0f}{unfused_text}{static_text} target tokens/s",
+              flush=True)
     if on_gpu:
         peak, peak_text = gpu_peak(device)
         measured, how = measure_matmul_peak(device, torch.bfloat16, [(8192, 8192, 8192)])
@@ -420,6 +464,12 @@ def main() -> None:
         plain = float(np.median([t for t, _ in unfused]))
         print(f"transformer package, the logits made whole and the loss after them: {plain:,.0f} target tokens/s "
               f"(median of {args.rounds}); fused_loss_ratio={our / plain:.2f}")
+    if one_static:
+        eager_one, static_one = float(np.median(one_eager)), float(np.median(one_static))
+        print(f"transformer package on one repeated batch {tuple(static[2][0].batch.src.shape)} source, "
+              f"{tuple(static[2][0].batch.tgt_in.shape)} target: eager {eager_one:,.0f}, compiled with static "
+              f"shapes {static_one:,.0f} target tokens/s (median of {args.rounds}); "
+              f"static_compile_ratio={static_one / eager_one:.3f}")
     if our_rate > peak:  # seen on an AVX2-only CPU, whose bf16 products run a slow shape-dependent fallback
         print(f"note: ours ran its products faster than the measured peak: this {args.precision} 'peak' is not "
               f"the device's, and MFU above 1 means nothing here")

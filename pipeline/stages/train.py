@@ -67,6 +67,7 @@ from pipeline.config.train import TrainSection, check_init_files
 from pipeline.data.spec import DataError
 from pipeline.figures.curves import CurveWriter
 from pipeline.stages import launch
+from pipeline.stages.malloc import restart_on_chosen_malloc
 from pipeline.stages.runner import run_stage
 from transformer.atomic import file_sha256, write_json
 from transformer.model import Transformer
@@ -293,6 +294,7 @@ def launch_if_asked() -> int | None:
 
 def main() -> None:
     argparse.ArgumentParser(description=__doc__).parse_args()
+    restart_on_chosen_malloc()   # tcmalloc where the machine has it (pipeline/stages/malloc.py)
     code = launch_if_asked()
     if code is not None:
         sys.exit(code)
