@@ -51,12 +51,17 @@ def make_optimizer(params: Iterable[nn.Parameter], *, betas: tuple[float, float]
                    eps: float = 1e-9, weight_decay: float = 0.0, fused: bool | None = None) -> torch.optim.Adam:
     """Adam with beta1 = 0.9, beta2 = 0.98, eps = 1e-9 (§5.3). The rate is set by the schedule.
 
+    ``weight_decay`` > 0 (not the paper's) is decoupled from the gradient: AdamW (Loshchilov & Hutter
+    2019), each weight shrunk by rate x weight_decay at every step, as fairseq's ``--weight-decay``
+    does; Adam's own ``weight_decay`` would add it to the gradient, where Adam's scaling undoes it.
     ``fused`` uses PyTorch's fused kernel (one kernel for all parameters) where it exists.
     """
     params = list(params)
     if fused is None:
         fused = all(p.device.type in ("cuda", "cpu") for p in params)
-    return torch.optim.Adam(params, lr=1.0, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused)
+    if weight_decay > 0:
+        return torch.optim.AdamW(params, lr=1.0, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused)
+    return torch.optim.Adam(params, lr=1.0, betas=betas, eps=eps, fused=fused)
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, d_model: int, warmup_steps: int,

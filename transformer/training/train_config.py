@@ -22,6 +22,12 @@ class TrainConfig:
 
     ``cooldown_steps`` (0 = eq. 3 throughout, the paper's) brings the rate of the last
     ``cooldown_steps`` of ``max_steps`` updates linearly down (``schedule.cooldown_factor``).
+
+    Regularizers beyond the paper's (``regularizers``; 0 = off, the paper's training):
+    ``weight_decay`` is decoupled from the gradient (AdamW, Loshchilov & Hutter 2019, as fairseq's
+    ``--weight-decay``); ``src_word_dropout`` replaces each source piece by ``<unk>`` with that
+    probability; ``rdrop_alpha`` weighs R-Drop's symmetric KL between two dropout passes of each batch
+    (Liang et al. 2021; it doubles an update's work).
     """
 
     max_tokens: int = 4096
@@ -47,6 +53,8 @@ class TrainConfig:
     nan_policy: str = "skip"
     device: str = "auto"
     init_from: str = ""
+    src_word_dropout: float = 0.0
+    rdrop_alpha: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "update_freq", "warmup_steps", "log_every", "keep_checkpoints", "pad_multiple"):
@@ -57,12 +65,14 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"TrainConfig.{name} must be a non-negative integer, got {value!r}")
-        for name in ("lr_scale", "clip_norm", "weight_decay", "max_minutes", "checkpoint_every_minutes"):
+        for name in ("lr_scale", "clip_norm", "weight_decay", "max_minutes", "checkpoint_every_minutes", "rdrop_alpha"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"TrainConfig.{name} must be a non-negative number, got {value!r}")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ValueError(f"TrainConfig.label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
+        for name in ("label_smoothing", "src_word_dropout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                raise ValueError(f"TrainConfig.{name} must be in [0, 1), got {value!r}")
         if not (self.max_steps or self.max_epochs or self.max_minutes):
             raise ValueError("TrainConfig.max_steps, TrainConfig.max_epochs and TrainConfig.max_minutes are all 0: "
                              "set a limit")
@@ -85,3 +95,15 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"unknown TrainConfig field(s): {', '.join(unknown)}")
         return cls(**values)
+
+
+# Fields added after checkpoints were first written: a checkpoint and a fingerprint leave them out while
+# they are off, so a training without them writes the bytes it wrote before they existed and resumes
+# the checkpoints of then.
+OPTIONAL_FIELDS = {"src_word_dropout": 0.0, "rdrop_alpha": 0.0}
+
+
+def stored_config(config: TrainConfig) -> dict[str, Any]:
+    """``config`` as checkpoints and fingerprints hold it: every field, ``OPTIONAL_FIELDS`` only when set."""
+    return {f.name: getattr(config, f.name) for f in fields(config)
+            if f.name not in OPTIONAL_FIELDS or getattr(config, f.name) != OPTIONAL_FIELDS[f.name]}

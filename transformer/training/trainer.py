@@ -26,18 +26,20 @@ from ..checkpoint import init_weights, load_state, save_checkpoint
 from ..errors import CheckpointError, NonFiniteLossError, OutOfMemoryError  # noqa: F401  (API)
 from ..model import Transformer
 from ..precision import autocast, check_precision, default_device, resolve_precision
+from ..tokens import EOS_ID
 from . import rng_states
 from .batching import Batch, DataPosition, TokenBatchSampler, collate, update_positions
 from .callback import TrainerCallback
 from .checkpoint_files import checkpoint_name, list_checkpoints, prune, remove_unfinished_writes
 from .evaluation import evaluate_loss
-from .loss import projected_label_smoothed_cross_entropy
+from .loss import LossOutput, projected_label_smoothed_cross_entropy
 from .prefetch import Prefetcher
+from .regularizers import drop_source_pieces, rdrop_loss
 from .resume import describe, newest_checkpoint, settings_changes, training_fingerprint
 from .schedule import make_optimizer, make_scheduler
 from .stopping import StopVote, agree, rank_and_world_size, stop_signals
 from .token_store import TokenStore
-from .train_config import TrainConfig
+from .train_config import TrainConfig, stored_config
 from .train_log import LogWindow
 from .update_ledger import UpdateLedger
 
@@ -131,7 +133,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
-            "train_config": asdict(self.config),
+            "train_config": stored_config(self.config),
             "step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
             # Wall time is kept only where it decides something (a ``max_minutes`` budget): a run
             # limited by updates or epochs writes the same checkpoint bytes on every machine.
@@ -162,7 +164,7 @@ class Trainer:
     def fingerprint(self) -> dict[str, Any]:
         """What fixes the training trajectory (``resume.training_fingerprint``): model and training
         settings, the token store's content, the tokenizer's and the ``init_from`` file's sha256."""
-        return training_fingerprint(self.model.config.to_dict(), asdict(self.config), self.world_size,
+        return training_fingerprint(self.model.config.to_dict(), stored_config(self.config), self.world_size,
                                     f"{len(self.train_data)}:{self.data_sha256}", self.tokenizer_sha256,
                                     self.init_sha256)
 
@@ -406,10 +408,7 @@ class Trainer:
             try:
                 with ctx:
                     with autocast(self.precision, self.device):
-                        hidden = self.forward_model(batch.src, batch.tgt_in, project=False)
-                        out = projected_label_smoothed_cross_entropy(
-                            hidden, self.model.output.weight, batch.tgt_out, self.pad_id, c.label_smoothing,
-                            n_tokens=batch.n_target_tokens)
+                        out = self._batch_loss(batch)
                     self.scaler.scale(out.loss * norm).backward()
             except torch.OutOfMemoryError as err:
                 rows, width = batch.tgt_in.shape
@@ -433,6 +432,20 @@ class Trainer:
         applied = self.ledger.record(skipped, non_finite, grad_norm)
         self.window.add(loss_sum, nll_sum, n_tokens, applied)
         self.optimizer.zero_grad(set_to_none=True)
+
+    def _batch_loss(self, batch: Batch) -> LossOutput:
+        """A training batch's summed loss (§5.4): the fused projection and label-smoothed loss, with
+        the regularizers ``TrainConfig`` turns on (``regularizers``)."""
+        c = self.config
+        src = drop_source_pieces(batch.src, c.src_word_dropout, self.pad_id, EOS_ID)
+        if c.rdrop_alpha > 0:   # the batch twice in one forward: each copy gets its own dropout masks
+            hidden = self.forward_model(torch.cat([src, src]), torch.cat([batch.tgt_in, batch.tgt_in]),
+                                        project=False)
+            return rdrop_loss(hidden, self.model.output.weight, batch.tgt_out, self.pad_id, c.label_smoothing,
+                              c.rdrop_alpha)
+        hidden = self.forward_model(src, batch.tgt_in, project=False)
+        return projected_label_smoothed_cross_entropy(hidden, self.model.output.weight, batch.tgt_out, self.pad_id,
+                                                      c.label_smoothing, n_tokens=batch.n_target_tokens)
 
     def _step_optimizer(self, skipped: torch.Tensor) -> None:
         """Adam's step at the ledger's rate, left undone on the device where ``skipped``.

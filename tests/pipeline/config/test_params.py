@@ -84,6 +84,8 @@ BAD = [
     (setter("train", "cooldown_steps", 99999),
      "params.yaml: train.cooldown_steps (99999) must be at most max_steps ("),
     (setter("train", "label_smoothing", 1.0), "params.yaml: train.label_smoothing must be in [0, 1), got 1.0"),
+    (setter("train", "src_word_dropout", 1.0), "params.yaml: train.src_word_dropout must be in [0, 1), got 1.0"),
+    (setter("train", "rdrop_alpha", -1.0), "params.yaml: train.rdrop_alpha must be a non-negative number, got -1.0"),
     (setter("train", "precision", "fp8"),
      "params.yaml: train.precision must be one of ('auto', 'fp32', 'bf16', 'fp16'), got 'fp8'"),
     (setter("train", "device", "tpu"), "params.yaml: train.device must be auto, cpu or cuda, got 'tpu'"),

@@ -164,6 +164,33 @@ def test_checkpoints_callbacks_and_logged_rate(store, tmp_path):
     assert ckpt["train_config"]["max_steps"] == 7
 
 
+def test_regularizers_train_and_are_part_of_the_training(store, tmp_path):
+    """Source word dropout, R-Drop and decoupled weight decay (regularizers.py): the training learns,
+    its checkpoints hold the keys, a resume continues and another R-Drop weight starts over; a training
+    without them keeps no such key (the checkpoints of before they existed)."""
+    recorder = Recorder()
+    on = dict(src_word_dropout=0.1, rdrop_alpha=5.0, weight_decay=0.01, checkpoint_every_steps=2, log_every=1)
+    trainer = Trainer(tiny_model(vocab_size=30), config(max_steps=4, **on), store, checkpoint_dir=tmp_path / "c",
+                      callbacks=[recorder])
+    assert isinstance(trainer.optimizer, torch.optim.AdamW)
+    trainer.train()
+    losses = [m["train/loss"] for _, m in recorder.logs]
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+    saved = load_checkpoint(tmp_path / "c" / "checkpoint_00000004.pt")
+    assert saved["train_config"]["rdrop_alpha"] == 5.0 and saved["train_config"]["src_word_dropout"] == 0.1
+    assert saved["fingerprint"]["train"]["rdrop_alpha"] == 5.0
+    longer = Trainer(tiny_model(vocab_size=30), config(max_steps=6, **on), store, checkpoint_dir=tmp_path / "c")
+    assert longer.resume() is not None and longer.step == 4
+    other = Trainer(tiny_model(vocab_size=30), config(max_steps=6, **{**on, "rdrop_alpha": 1.0}), store,
+                    checkpoint_dir=tmp_path / "c")
+    with pytest.raises(ValueError, match=r"train\.rdrop_alpha: 5\.0 -> 1\.0"):
+        other.resume()
+    Trainer(tiny_model(vocab_size=30), config(max_steps=2, checkpoint_every_steps=2), store,
+            checkpoint_dir=tmp_path / "plain").train()
+    plain = load_checkpoint(tmp_path / "plain" / "checkpoint_00000002.pt")
+    assert "rdrop_alpha" not in plain["train_config"] and "src_word_dropout" not in plain["fingerprint"]["train"]
+
+
 def test_resume_rejects_another_model_config(store, tmp_path):
     Trainer(tiny_model(vocab_size=30), config(max_steps=2), store, checkpoint_dir=tmp_path / "c").train()
     other = Trainer(tiny_model(vocab_size=30, d_ff=48), config(max_steps=4), store, checkpoint_dir=tmp_path / "c")
@@ -368,8 +395,9 @@ def counting_read_backs(where):
             setattr(torch.Tensor, name, original)
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_an_update_reads_nothing_back_from_the_device(store, precision, monkeypatch):
+@pytest.mark.parametrize("precision,regularizers", [
+    ("fp32", {}), ("bf16", {}), ("bf16", {"src_word_dropout": 0.1, "rdrop_alpha": 5.0, "weight_decay": 0.01})])
+def test_an_update_reads_nothing_back_from_the_device(store, precision, regularizers, monkeypatch):
     """One process: an update reads nothing back (the skip decision, the rate, the logged sums stay
     on the device); the host reads at log points, so the reads do not grow with the updates between."""
     in_update = []
@@ -386,7 +414,8 @@ def test_an_update_reads_nothing_back_from_the_device(store, precision, monkeypa
 
     def reads(max_steps, log_every):
         trainer = Trainer(tiny_model(vocab_size=30), config(precision=precision, max_steps=max_steps,
-                                                            log_every=log_every), store, callbacks=[Recorder()])
+                                                            log_every=log_every, **regularizers),
+                          store, callbacks=[Recorder()])
         with counting_read_backs(lambda: "update" if in_update else "host") as calls:
             trainer.train()
         return trainer, calls
