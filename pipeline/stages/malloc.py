@@ -1,11 +1,11 @@
 """The C allocator a training process runs on (#56): tcmalloc where the machine has it.
 
 PyTorch takes a CPU tensor's memory from the C library's ``malloc`` and frees it when the tensor goes,
-hundreds of times an update. On 2 AMD EPYC cores with AVX512-BF16 the trainer's whole step ran 1.19x
-and 1.38x faster in two runs with Debian's ``libtcmalloc-minimal4`` preloaded, and 1.18x with
+hundreds of times an update. On 2 AMD EPYC cores with AVX512-BF16 the trainer's whole step ran
+1.05-1.38x faster in four runs with Debian's ``libtcmalloc-minimal4`` preloaded, and 1.06-1.18x with
 glibc's own allocator kept from handing memory back to the kernel (``GLIBC_TUNABLES``: no ``mmap``
-below 32 MiB, no trimming); jemalloc was slower (0.71x): ``bench/train_step.py --levers
-tcmalloc,glibc,jemalloc`` (docs/benchmarks.md). The allocator changes where bytes live, never their
+below 32 MiB, no trimming); jemalloc was slower (0.71-0.78x): ``bench/train_step.py --levers
+malloc_system,malloc_glibc,jemalloc`` (docs/benchmarks.md). The allocator changes where bytes live, never their
 values: a training writes the same checkpoints on any of them (tests/pipeline/stages/test_malloc.py).
 
 The allocator of a process is fixed when it starts, so the stage starts itself again, once, with

@@ -294,7 +294,6 @@ def launch_if_asked() -> int | None:
 
 def main() -> None:
     argparse.ArgumentParser(description=__doc__).parse_args()
-    restart_on_chosen_malloc()   # tcmalloc where the machine has it (pipeline/stages/malloc.py)
     code = launch_if_asked()
     if code is not None:
         sys.exit(code)
@@ -315,5 +314,13 @@ def main() -> None:
         sys.exit(1)
 
 
+def run_as_program() -> None:
+    """The stage as DVC starts it (``python -m pipeline.stages.train``): on the allocator
+    ``pipeline/stages/malloc.py`` chooses (tcmalloc where installed), then ``main``. A caller in its
+    own process (a test) calls ``main``: starting that process again would start the caller again."""
+    restart_on_chosen_malloc()
+    main()
+
+
 if __name__ == "__main__":
-    run_stage(main)
+    run_stage(run_as_program)

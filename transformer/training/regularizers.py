@@ -34,9 +34,11 @@ def rdrop_loss(hidden: Tensor, weight: Tensor, target: Tensor, pad_id: int, epsi
     with its own dropout masks); the loss is both passes' label-smoothed cross-entropy (§5.4) plus
     ``alpha`` times the symmetric KL divergence between their output distributions, each token's
     ``(KL(p1 || p2) + KL(p2 || p1)) / 2``, gradients through both sides, as the authors' fairseq
-    criterion computes it. Their criterion divides by the tokens of both passes; the sums here are
-    halved, so that the trainer's division by one pass's tokens gives the same loss and ``alpha``
-    means what it means in the paper (5 for their WMT14 En-De Transformers).
+    criterion (``label_smoothed_cross_entropy_with_rdrop``) computes it. That criterion divides its sum
+    by one pass's tokens; the sum is halved here, so that the logged loss reads per token as without
+    R-Drop. ``alpha`` weighs the KL against the cross-entropy as in the paper (5 for their WMT14
+    En-De Transformers); the gradient is half of theirs, which Adam's normalisation undoes (its eps
+    and ``clip_norm`` aside).
 
     Args:
         hidden: (2B, T, D) decoder states (``Transformer.forward(..., project=False)``) of the batch

@@ -61,7 +61,8 @@ def make_optimizer(params: Iterable[nn.Parameter], *, betas: tuple[float, float]
         fused = all(p.device.type in ("cuda", "cpu") for p in params)
     if weight_decay > 0:
         return torch.optim.AdamW(params, lr=1.0, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused)
-    return torch.optim.Adam(params, lr=1.0, betas=betas, eps=eps, fused=fused)
+    # weight_decay given as the float 0.0: the param groups (and so checkpoints) hold it as before.
+    return torch.optim.Adam(params, lr=1.0, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused)
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, d_model: int, warmup_steps: int,

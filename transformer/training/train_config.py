@@ -104,6 +104,11 @@ OPTIONAL_FIELDS = {"src_word_dropout": 0.0, "rdrop_alpha": 0.0}
 
 
 def stored_config(config: TrainConfig) -> dict[str, Any]:
-    """``config`` as checkpoints and fingerprints hold it: every field, ``OPTIONAL_FIELDS`` only when set."""
-    return {f.name: getattr(config, f.name) for f in fields(config)
-            if f.name not in OPTIONAL_FIELDS or getattr(config, f.name) != OPTIONAL_FIELDS[f.name]}
+    """``config`` as checkpoints and fingerprints hold it: every field, ``OPTIONAL_FIELDS`` only when set;
+    with a weight decay, ``decoupled_weight_decay``: it was Adam's coupled L2 before, so a checkpoint of
+    then is another training and is not resumed."""
+    stored = {f.name: getattr(config, f.name) for f in fields(config)
+              if f.name not in OPTIONAL_FIELDS or getattr(config, f.name) != OPTIONAL_FIELDS[f.name]}
+    if config.weight_decay > 0:
+        stored["decoupled_weight_decay"] = True
+    return stored

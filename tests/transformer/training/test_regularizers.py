@@ -116,7 +116,9 @@ def test_weight_decay_is_decoupled_from_the_gradient():
     optimizer.step()
     assert torch.allclose(weight.detach(), torch.full((4,), 2.0 * (1 - 0.01 * 0.1)))
     plain = make_optimizer([torch.nn.Parameter(torch.ones(2))], fused=False)
-    assert type(plain) is torch.optim.Adam and plain.param_groups[0]["weight_decay"] == 0
+    assert type(plain) is torch.optim.Adam
+    decay = plain.param_groups[0]["weight_decay"]
+    assert decay == 0.0 and type(decay) is float   # as before: an int 0 would change a checkpoint's bytes
 
 
 # ---------------------------------------------------------------- the config and checkpoints
@@ -130,3 +132,5 @@ def test_the_new_keys_are_checked_and_kept_only_when_set():
     on = stored_config(TrainConfig(max_steps=1, src_word_dropout=0.1, rdrop_alpha=5.0))
     assert on["src_word_dropout"] == 0.1 and on["rdrop_alpha"] == 5.0
     assert math.isclose(TrainConfig(max_steps=1).rdrop_alpha, 0.0)
+    assert "decoupled_weight_decay" not in off   # Adam's coupled L2 before: a checkpoint of then is not resumed
+    assert stored_config(TrainConfig(max_steps=1, weight_decay=0.01))["decoupled_weight_decay"] is True
