@@ -42,6 +42,15 @@ value the curves and the MLflow run.
 
 from __future__ import annotations
 
+if __name__ == "__main__":
+    # The allocator first (pipeline/stages/malloc.py: tcmalloc where installed), before torch and MLflow
+    # load: starting the stage again then costs an interpreter's start, not their imports (1.8 s).
+    # Only as a program: a caller running ``main`` in its own process (a test) is never started again.
+    from pipeline.config.errors import ParamsError, exit_2_on
+    from pipeline.stages.malloc import restart_on_chosen_malloc
+
+    exit_2_on((ParamsError,), restart_on_chosen_malloc)
+
 import argparse
 import math
 import os
@@ -67,7 +76,6 @@ from pipeline.config.train import TrainSection, check_init_files
 from pipeline.data.spec import DataError
 from pipeline.figures.curves import CurveWriter
 from pipeline.stages import launch
-from pipeline.stages.malloc import restart_on_chosen_malloc
 from pipeline.stages.runner import run_stage
 from transformer.atomic import file_sha256, write_json
 from transformer.model import Transformer
@@ -314,13 +322,5 @@ def main() -> None:
         sys.exit(1)
 
 
-def run_as_program() -> None:
-    """The stage as DVC starts it (``python -m pipeline.stages.train``): on the allocator
-    ``pipeline/stages/malloc.py`` chooses (tcmalloc where installed), then ``main``. A caller in its
-    own process (a test) calls ``main``: starting that process again would start the caller again."""
-    restart_on_chosen_malloc()
-    main()
-
-
 if __name__ == "__main__":
-    run_stage(run_as_program)
+    run_stage(main)

@@ -119,7 +119,7 @@ def test_the_train_stage_stops_on_a_bad_value_with_one_line_and_exit_2(tmp_path)
 
 def test_the_stage_called_in_a_process_of_its_own_starts_nothing_again(monkeypatch):
     """``main`` (what tests and other callers run in their own process) never executes anew: that
-    would start the caller again; only the stage run as a program does (``run_as_program``)."""
+    would start the caller again; only the stage run as a program does (``python -m pipeline.stages.train``)."""
     from pipeline.stages import train
 
     monkeypatch.setattr(os, "execve", lambda *args: pytest.fail(f"os.execve{args[:2]}"))
