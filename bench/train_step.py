@@ -51,11 +51,10 @@ JEMALLOC, JEMALLOC_PACKAGE = "libjemalloc.so.2", "libjemalloc2"
 
 def jemalloc_library() -> str:
     """The path of the jemalloc the ``jemalloc`` lever preloads; stops naming the package if absent."""
-    from pipeline.stages.malloc import LIBRARY_DIRS
+    from pipeline.stages.malloc import LIBRARY_DIRS, find_library
 
-    for directory in LIBRARY_DIRS:
-        if (path := Path(directory) / JEMALLOC).is_file():
-            return str(path)
+    if path := find_library([JEMALLOC]):
+        return path
     raise SystemExit(f"error: --levers jemalloc: {JEMALLOC} not found in {', '.join(LIBRARY_DIRS)} "
                      f"(Debian: apt-get install {JEMALLOC_PACKAGE})")
 
@@ -64,7 +63,7 @@ def allocator_env(name: str) -> dict[str, str]:
     """What a variant adds to the environment for its allocator (module docstring)."""
     from pipeline.stages import malloc
 
-    if name == "theirs" or name == "malloc_system":
+    if name in ("theirs", "malloc_system"):
         return {}
     if name == "malloc_glibc":
         return malloc.plan({malloc.MALLOC_ENV: "glibc"}).env
