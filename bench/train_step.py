@@ -51,10 +51,11 @@ JEMALLOC, JEMALLOC_PACKAGE = "libjemalloc.so.2", "libjemalloc2"
 
 def jemalloc_library() -> str:
     """The path of the jemalloc the ``jemalloc`` lever preloads; stops naming the package if absent."""
-    from pipeline.stages.malloc import LIBRARY_DIRS, find_library
+    from pipeline.stages.malloc import LIBRARY_DIRS
 
-    if path := find_library([JEMALLOC]):
-        return path
+    for directory in LIBRARY_DIRS:
+        if (path := Path(directory) / JEMALLOC).is_file():
+            return str(path)
     raise SystemExit(f"error: --levers jemalloc: {JEMALLOC} not found in {', '.join(LIBRARY_DIRS)} "
                      f"(Debian: apt-get install {JEMALLOC_PACKAGE})")
 

@@ -60,18 +60,13 @@ class MallocPlan:
         return "malloc: the system's, as started"
 
 
-def find_library(names: Sequence[str], library_dirs: Sequence[str] = LIBRARY_DIRS) -> str | None:
-    """The path of the first of ``names`` found in ``library_dirs``, or ``None``."""
+def find_tcmalloc(library_dirs: Sequence[str] = LIBRARY_DIRS) -> str | None:
+    """The path of a tcmalloc library in ``library_dirs``, or ``None``."""
     for directory in library_dirs:
-        for name in names:
+        for name in TCMALLOC_LIBRARIES:
             if (path := Path(directory) / name).is_file():
                 return str(path)
     return None
-
-
-def find_tcmalloc(library_dirs: Sequence[str] = LIBRARY_DIRS) -> str | None:
-    """The path of a tcmalloc library in ``library_dirs``, or ``None``."""
-    return find_library(TCMALLOC_LIBRARIES, library_dirs)
 
 
 def plan(env: Mapping[str, str], library_dirs: Sequence[str] = LIBRARY_DIRS,
