@@ -238,7 +238,7 @@ def test_the_model_imports_nothing_of_its_training():
 # ``pipeline/``'s folders, those that run things first (docs/architecture.md): a module imports only its own
 # folder and the folders after its own. A helper two folders share lives in the lower one.
 FOLDER_ORDER = ("workers", "flows", "experiments", "stages", "figures", "pyfunc", "serving", "tracking",
-                "scoring", "config", "data", "stack")
+                "scoring", "config", "text", "data", "stack")
 
 
 def pipeline_folder(module: str) -> str | None:

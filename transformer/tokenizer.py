@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import sentencepiece as spm
@@ -16,9 +16,19 @@ import sentencepiece as spm
 from .atomic import write_bytes
 from .tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
+TextMap = Callable[[list[str]], list[str]]
+
 
 class Tokenizer:
-    """Encode text to ids and decode ids to text with a SentencePiece model."""
+    """Encode text to ids and decode ids to text with a SentencePiece model.
+
+    ``preprocess`` (None: none) is applied to the texts ``encode`` reads: the form the model was
+    trained on, where it is not the text as written (e.g. lowercased and word-tokenized). ``decode``
+    gives the model's own form; ``for_reader`` turns that into text for a reader (``postprocess``,
+    e.g. a detokenizer; None: as decoded)."""
+
+    preprocess: TextMap | None = None
+    postprocess: TextMap | None = None
 
     def __init__(self, model_file: str | os.PathLike) -> None:
         model_file = Path(model_file)
@@ -35,14 +45,23 @@ class Tokenizer:
         return self.sp.get_piece_size()
 
     def encode(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
-        """Ids of each text; ``num_threads`` -1 lets SentencePiece use every core."""
-        return self.sp.encode(list(texts), out_type=int, num_threads=num_threads)
+        """Ids of each text (after ``preprocess``); ``num_threads`` -1 lets SentencePiece use every core."""
+        return self.sp.encode(self.prepare(texts), out_type=int, num_threads=num_threads)
+
+    def prepare(self, texts: Sequence[str]) -> list[str]:
+        """The texts in the form the model reads (``preprocess``; as they are without one)."""
+        return self.preprocess(list(texts)) if self.preprocess is not None else list(texts)
 
     def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
+        """The texts of ``ids`` in the model's own form (what it was trained to write)."""
         return self.sp.decode([list(i) for i in ids])
 
+    def for_reader(self, texts: Sequence[str]) -> list[str]:
+        """Decoded texts as a reader gets them (``postprocess``; as they are without one)."""
+        return self.postprocess(list(texts)) if self.postprocess is not None else list(texts)
+
     def pieces(self, text: str) -> list[str]:
-        return self.sp.encode(text, out_type=str)
+        return self.sp.encode(self.prepare([text])[0], out_type=str)
 
 
 def train_tokenizer(texts: Iterable[str], model_file: str | os.PathLike, vocab_size: int, *,

@@ -7,49 +7,30 @@ Multi30k's repository (github.com/multi30k/dataset) ships tokenized references,
     zcat raw/<split>.<lang>.gz | lowercase.perl | normalize-punctuation.perl -l <lang> | tokenizer.perl -l <lang>
 
 and the papers (Wu et al. 2021's 41.02 on test_2016_flickr among them) score hypotheses put through the
-same three scripts with ``multi-bleu.perl`` against those files. Here: Python's ``str.lower`` for
-``lowercase.perl`` (Perl's ``lc`` under ``:utf8``), sacremoses' ``MosesPunctNormalizer`` with
-``perl_parity`` (``’`` -> ``"``, as the Moses scripts upstream ran) on the line *with* its newline
-(Perl reads lines with it, and the rule that moves a sentence-final period out of a closing quote,
-``s/(\\.+)\\"(\\s*[^<])/\\"$1$2/``, matches the newline as its last character), then
-``paper_bleu.moses_tokenize`` (tokenizer.perl's defaults, escaping on) and ``paper_bleu.multi_bleu``
-(multi-bleu.perl: whitespace tokens, no smoothing), with no further tokenization. Put through
-``lc_norm_tok``, the raw val and test_2016_flickr references in English, German and French equal
-upstream's files line for line (tests/pipeline/scoring/test_literature_bleu.py).
+same three scripts with ``multi-bleu.perl`` against those files. Here: ``pipeline.text.moses.lc_norm_tok``
+(the three scripts via sacremoses, the module says how) and ``paper_bleu.multi_bleu`` (multi-bleu.perl:
+whitespace tokens, no smoothing), with no further tokenization. Put through ``lc_norm_tok``, the raw val
+and test_2016_flickr references in English, German and French equal upstream's files line for line
+(tests/pipeline/scoring/test_literature_bleu.py).
 
 The measure reports, it never chooses: sacreBLEU (cased, detokenized) on the validation set ranks
-decoding settings, recipes and the champion. Never compare the two with each other.
+decoding settings, recipes and the champion. Never compare the two with each other. The one exception:
+a model of the literature's text form writes no cased text, and ``bleu_lc_tok`` of its hypotheses as
+written (``score_as_written``) is all there is to choose by (``pipeline.scoring.measure``).
 """
 
 from __future__ import annotations
 
-import functools
 import importlib.metadata
-from collections.abc import Iterable
 from typing import Any
 
 import sacrebleu
-from sacremoses import MosesPunctNormalizer
 
-from pipeline.scoring.paper_bleu import PaperBleu, moses_tokenize, multi_bleu
+from pipeline.scoring.paper_bleu import PaperBleu, multi_bleu
 from pipeline.scoring.reports import LITERATURE_KEY as KEY
 from pipeline.scoring.reports import LITERATURE_LABEL as LABEL
 from pipeline.scoring.sacrebleu_scores import bootstrap_ci
-
-
-@functools.lru_cache(maxsize=8)
-def _normalizer(lang: str) -> MosesPunctNormalizer:
-    return MosesPunctNormalizer(lang=lang, perl_parity=True)
-
-
-def lc_norm_tok(lines: Iterable[str], lang: str) -> list[str]:
-    """``lowercase.perl | normalize-punctuation.perl -l lang | tokenizer.perl -l lang`` on each line
-    (upstream's task1-tokenize.sh): what a hypothesis becomes before it is scored."""
-    normalizer = _normalizer(lang)
-    # The newline: Perl's <STDIN> keeps it, and one normalization rule needs it (module docstring);
-    # sacremoses strips the line it returns.
-    normalized = [normalizer.normalize(line.lower() + "\n") for line in lines]
-    return moses_tokenize(normalized, lang)
+from pipeline.text.moses import lc_norm_tok
 
 
 def describe(lang: str, references: str) -> str:
@@ -95,3 +76,28 @@ def literature_score(hypotheses: list[str], tokenized_references: list[str], lan
         _, half_width = bootstrap_ci(metric, tokenized, list(tokenized_references), bootstrap)
         scores[f"{KEY}_ci95"] = round(half_width, 2)
     return {**scores, f"{KEY}_description": result.description}
+
+
+def score_as_written(hypotheses: list[str], tokenized_references: list[str], bootstrap: int = 0, *, lang: str,
+                     references: str) -> dict[str, Any]:
+    """The scores of a model that writes the literature's form itself (``pipeline.text.forms``'s
+    ``lc_norm_tok``): its hypotheses against the ``lc.norm.tok`` references *as they are*, never
+    tokenized a second time (that would escape ``&apos;`` into ``&amp;apos;``). The keys of
+    ``sacrebleu_scores.score`` (``bleu``, ``chrf``, ``length_ratio``, ``signature``, ``chrf_signature``,
+    with ``bootstrap`` > 1 ``bleu_ci95``), where ``bleu`` *is* ``bleu_lc_tok`` (also given under its own
+    name, with its description): such a model has no cased, detokenized output to score with sacreBLEU."""
+    result = _bleu_of_tokenized(list(hypotheses), tokenized_references, lang, references)
+    description = (f"{LABEL}: hypotheses as the model writes them (lowercased, normalized, Moses-tokenized "
+                   f"text, not tokenized again); references {references}; BLEU as multi-bleu.perl (sacrebleu "
+                   f"{sacrebleu.__version__} tokenize=none, smooth=none)")
+    chrf = sacrebleu.CHRF(lowercase=True)
+    bleu = round(result.score, 2)
+    scores: dict[str, Any] = {"bleu": bleu, KEY: bleu,
+                              "chrf": round(chrf.corpus_score(list(hypotheses), [list(tokenized_references)]).score, 2),
+                              "length_ratio": round(result.sys_len / result.ref_len, 3) if result.ref_len else 0.0}
+    if bootstrap > 1:
+        metric = sacrebleu.BLEU(smooth_method="none", tokenize="none", lowercase=False, force=True)
+        half_width = round(bootstrap_ci(metric, list(hypotheses), list(tokenized_references), bootstrap)[1], 2)
+        scores.update({"bleu_ci95": half_width, f"{KEY}_ci95": half_width})
+    return {**scores, "signature": description, "chrf_signature": str(chrf.get_signature()),
+            f"{KEY}_description": description, "measure": KEY}

@@ -30,7 +30,6 @@ for WMT data sets only, so our numbers can be set next to the paper's 27.3 / 28.
 from __future__ import annotations
 
 import argparse
-import functools
 import importlib.metadata
 import re
 import sys
@@ -39,7 +38,8 @@ from pathlib import Path
 
 import sacrebleu
 from sacrebleu.metrics.bleu import BLEUScore
-from sacremoses import MosesTokenizer
+
+from pipeline.text.moses import moses_tokenize
 
 # get_ende_bleu.sh's substitution; Perl without -C reads bytes, so \S is "not ASCII whitespace".
 _COMPOUND = re.compile(r"(\S)-(\S)", re.ASCII)
@@ -63,19 +63,6 @@ class PaperBleu:
         ratio = self.sys_len / self.ref_len if self.ref_len else 0.0
         return (f"BLEU = {self.score:.2f}, {precisions} (BP={self.bp:.3f}, ratio={ratio:.3f}, "
                 f"hyp_len={self.sys_len}, ref_len={self.ref_len}) [{self.description}]")
-
-
-@functools.lru_cache(maxsize=8)
-def _tokenizer(lang: str) -> MosesTokenizer:
-    """One tokenizer per language: building one reads the nonbreaking-prefix lists."""
-    return MosesTokenizer(lang=lang)
-
-
-def moses_tokenize(lines: list[str], lang: str) -> list[str]:
-    """``tokenizer.perl -l lang`` (no options) on each line: punctuation split off, hyphenated
-    words kept whole, XML special characters escaped."""
-    tok = _tokenizer(lang)
-    return [tok.tokenize(line, aggressive_dash_splits=False, return_str=True, escape=True) for line in lines]
 
 
 def split_compounds(line: str) -> str:

@@ -20,6 +20,7 @@ import torch
 from pipeline.config.decoding import DecodingConfig
 from pipeline.serving.ct2_translator import CT2Translator, EngineUnavailable, load_ct2_translator
 from pipeline.serving.translator import Translator, load_translator
+from pipeline.text.forms import attach, text_form_of
 from transformer.checkpoint import load_checkpoint, require_model_entries
 from transformer.config import ModelConfig
 from transformer.precision import default_device
@@ -37,7 +38,8 @@ def load_engine_translator(model: str | os.PathLike | Mapping[str, Any], tokeniz
     warning), ``model`` (a checkpoint file or a loaded one) with our search. ``threads``:
     CTranslate2's (inter_threads, intra_threads). Raises what ``load_translator`` raises, and
     ``EngineUnavailable`` instead of falling back where ``fallback`` is False (the tune stage, which
-    says so once and searches torch only)."""
+    says so once and searches torch only). Either engine's tokenizer prepares sources in the text form
+    the checkpoint names (``pipeline.text.forms``)."""
     if decoding.engine == "ctranslate2":
         torch_device = torch.device(device) if device is not None else default_device()
         try:
@@ -46,8 +48,10 @@ def load_engine_translator(model: str | os.PathLike | Mapping[str, Any], tokeniz
             checkpoint = model if isinstance(model, Mapping) else load_checkpoint(model, "cpu")
             require_model_entries(checkpoint, model_source or str(model))
             max_positions = ModelConfig.from_dict(checkpoint["model_config"]).max_positions
-            return load_ct2_translator(ct2_model, tokenizer_file, decoding, max_positions,
-                                       device="cuda" if torch_device.type == "cuda" else "cpu", threads=threads)
+            translator = load_ct2_translator(ct2_model, tokenizer_file, decoding, max_positions,
+                                             device="cuda" if torch_device.type == "cuda" else "cpu", threads=threads)
+            attach(translator.tokenizer, text_form_of(checkpoint, model_source or str(model)))
+            return translator
         except EngineUnavailable as err:
             if not fallback:
                 raise

@@ -147,4 +147,5 @@ class TranslatorModel(mlflow.pyfunc.PythonModel):
         server's concurrent requests, so a request's settings are arguments, never its state."""
         ids = self.check(sentences_of(model_input))
         settings = self.decoding(params)
-        return self.translator.tokenizer.decode(self.translator.translate_ids(ids, **settings.per_request()))
+        tokenizer = self.translator.tokenizer   # a reader's text: detokenized where the model writes tokens
+        return tokenizer.for_reader(tokenizer.decode(self.translator.translate_ids(ids, **settings.per_request())))

@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     non_empty = [s for s in sentences if s]
-    translated = iter(translator.translate(non_empty))
+    # A reader's text: detokenized where the model writes the literature's tokenized form.
+    translated = iter(translator.tokenizer.for_reader(translator.translate(non_empty)))
     lines = [next(translated) if s else "" for s in sentences]
     output = "".join(f"{line}\n" for line in lines)
     if args.output:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from pipeline.config.decoding import DecodingConfig
+from pipeline.text.forms import attach, text_form_of
 from transformer.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
 from transformer.model import Transformer
 from transformer.packed import pack_linears, packing_available
@@ -42,17 +43,20 @@ def load_translator(model: str | os.PathLike | Mapping[str, Any], tokenizer_file
                     model_source: str | None = None, hint: str = "") -> Translator:
     """The translator of a model file (or an already loaded checkpoint) and its SentencePiece model.
 
+    The tokenizer prepares sources in the text form the checkpoint names (``pipeline.text.forms``).
     Raises ``CheckpointError`` (model missing or unusable, or a tokenizer of another vocabulary)
-    and ``ValueError`` (not a usable SentencePiece model), each one line.
+    and ``ValueError`` (not a usable SentencePiece model, an unknown text form), each one line.
     """
     device = torch.device(device) if device is not None else default_device()
     if isinstance(model, Mapping):
         source = model_source or "checkpoint"
-        net = model_from_checkpoint(dict(model), source).to(device)
+        checkpoint = dict(model)
     else:
         source = model_source or str(model)
-        net = model_from_checkpoint(load_checkpoint(model, device), source).to(device)
-    tokenizer = open_tokenizer(tokenizer_file)
+        checkpoint = load_checkpoint(model, device)
+    net = model_from_checkpoint(checkpoint, source).to(device)
+    form = text_form_of(checkpoint, source)   # before the tokenizer: an unknown form is one line
+    tokenizer = attach(open_tokenizer(tokenizer_file), form)
     check_vocabulary(net, tokenizer, source, str(tokenizer_file), hint)
     return Translator(net, tokenizer, decoding or DecodingConfig())
 

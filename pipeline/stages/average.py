@@ -14,7 +14,9 @@ from pipeline.config.errors import ParamsError
 from pipeline.config.loader import Sections, load_sections
 from pipeline.config.tracking import TrackingParams
 from pipeline.stages.runner import run_stage
-from transformer.checkpoint import average_checkpoints, file_sha256, save_checkpoint
+from pipeline.text.forms import CHECKPOINT_KEY as TEXT_FORM_KEY
+from pipeline.text.forms import text_form_of
+from transformer.checkpoint import average_checkpoints, file_sha256, load_checkpoint, save_checkpoint
 from transformer.training.checkpoint_files import list_checkpoints
 
 
@@ -29,7 +31,11 @@ def average(last_n: int) -> dict[str, Any]:
         print(f"warning: average.last_n is {last_n} but {paths.CHECKPOINT_DIR} holds {len(checkpoints)} "
               f"checkpoint(s): averaging {len(checkpoints)} (the run wrote fewer; see train.max_steps, "
               "train.checkpoint_every_steps and train.keep_checkpoints)", file=sys.stderr)
-    return average_checkpoints(checkpoints[-last_n:])
+    averaged = average_checkpoints(checkpoints[-last_n:])
+    # The text form the model reads (pipeline.text.forms), kept where training stored one: its readers
+    # prepare their input by it. The newest checkpoint's: a change of data restarts training.
+    form = text_form_of(load_checkpoint(checkpoints[-1]), str(checkpoints[-1]))
+    return averaged if form.is_raw else {**averaged, TEXT_FORM_KEY: form.entry()}
 
 
 def record(params: Sections, averaged: dict[str, Any], seconds: float) -> None:

@@ -12,6 +12,11 @@ translations (``reports/translations/<valid_set>.*``, copied from the tune stage
 whole set with the same settings and engine) are what the promotion gate judges; the test sets' are
 only reported. Attention maps are our model's, over the chosen engine's translations.
 
+A model of the literature's text form (``tokenizer.text_form`` ``lc_norm_tok``, ``pipeline.text.forms``)
+writes lowercased, Moses-tokenized text: every ``bleu`` below is then ``bleu_lc_tok`` of its hypotheses as
+written against the ``lc.norm.tok`` references (``pipeline.scoring.measure``; the signature says so, and
+``scores.json`` has ``"measure": "bleu_lc_tok"``), chrF is lowercased, and no sacreBLEU is reported.
+
 Writes (docs/metrics.md), no time in either (a DVC output follows from the deps and params alone):
 
 - ``reports/metrics.json``, the DVC metric, what ``dvc metrics show`` prints::
@@ -49,6 +54,7 @@ from pipeline.data.references import tokenized_references
 from pipeline.data.text_files import read_lines
 from pipeline.figures.attention_plots import plot_attention
 from pipeline.scoring.literature_bleu import literature_score
+from pipeline.scoring.measure import scorer_for
 from pipeline.scoring.paper_bleu import bleu_tok_compound_split
 from pipeline.scoring.reports import (
     DECODING,
@@ -61,12 +67,13 @@ from pipeline.scoring.reports import (
     scores_of_dev_sets,
     scores_of_test_sets,
 )
-from pipeline.scoring.sacrebleu_scores import BOOTSTRAP_RESAMPLES, score
+from pipeline.scoring.sacrebleu_scores import BOOTSTRAP_RESAMPLES
 from pipeline.serving.decoding import ChosenDecoding, decoding_settings
 from pipeline.serving.engine import AnyTranslator
 from pipeline.serving.stage_translator import build_translator, load_averaged, split_files
 from pipeline.serving.translator import Translator
 from pipeline.stages.runner import run_stage
+from pipeline.text.forms import text_form_of
 from transformer.atomic import write_json, write_lines
 from transformer.checkpoint import file_sha256
 from transformer.search import attention_weights
@@ -158,6 +165,7 @@ def evaluate(params: Sections) -> dict[str, Any]:
     test_files = {t: split_files(t, "data.test_sets", params) for t in data.test_sets}
     valid_files = split_files(data.valid_set, "data.valid_set", params)
     decoding = decoding_settings(e)
+    form = text_form_of(checkpoint, str(paths.AVERAGED_MODEL))   # which BLEU scores (pipeline.scoring.measure)
     translator = build_translator(checkpoint, params, **decoding.settings)   # the model and tokenizer checked
     if translator.decoding.engine != decoding.engine:   # CTranslate2 could not decode here (one warning line)
         decoding = ChosenDecoding({**decoding.settings, "engine": "torch", "compute_type": None},
@@ -170,22 +178,26 @@ def evaluate(params: Sections) -> dict[str, Any]:
     decode_seconds: dict[str, float] = {}
     paths.ATTENTION_DIR.mkdir(parents=True, exist_ok=True)   # a DVC output, even with attention_sentences 0
     for test_set, (src_file, ref_file) in test_files.items():
-        sources, references = read_lines(src_file), read_lines(ref_file)
+        sources = read_lines(src_file)
+        scorer, references = scorer_for(form, test_set, data.tgt_lang, read_lines(ref_file))
         start = time.monotonic()
         hypotheses = translator.translate(sources)
         seconds = time.monotonic() - start
         write_lines(paths.TRANSLATIONS_DIR / f"{test_set}.{data.tgt_lang}", hypotheses)
-        tests[test_set] = {**score(hypotheses, references, BOOTSTRAP_RESAMPLES), "sentences": len(sources)}
+        tests[test_set] = {**scorer(hypotheses, references, BOOTSTRAP_RESAMPLES), "sentences": len(sources)}
         decode_seconds[test_set] = seconds
         m = tests[test_set]
         print(f"{test_set}: BLEU {m['bleu']:.2f} ± {m['bleu_ci95']:.2f}  chrF {m['chrf']:.2f}  "
               f"({len(sources)} sentences, {seconds:.0f} s)  {m['signature']}", flush=True)
-        if data.dataset.startswith("wmt"):
+        if form.literature:   # bleu is bleu_lc_tok already, and there is no other BLEU to measure
+            pass
+        elif data.dataset.startswith("wmt"):
             tests[test_set].update(paper_score(hypotheses, references, data.tgt_lang))
             print(f"{test_set}: {PAPER_KEY} {tests[test_set][PAPER_KEY]:.2f}, as the paper measured BLEU "
                   f"(not sacreBLEU): {tests[test_set][PAPER_KEY + '_description']}", flush=True)
-        tests[test_set].update(literature(hypotheses, test_set, data.tgt_lang, BOOTSTRAP_RESAMPLES))
-        if LITERATURE_KEY in tests[test_set]:
+        if not form.literature:
+            tests[test_set].update(literature(hypotheses, test_set, data.tgt_lang, BOOTSTRAP_RESAMPLES))
+        if LITERATURE_KEY in tests[test_set] and not form.literature:
             print(f"{test_set}: {LITERATURE_KEY} {tests[test_set][LITERATURE_KEY]:.2f} "
                   f"± {tests[test_set][LITERATURE_KEY + '_ci95']:.2f}, "
                   f"{tests[test_set][LITERATURE_KEY + '_description']}", flush=True)
@@ -195,7 +207,8 @@ def evaluate(params: Sections) -> dict[str, Any]:
             draw_attention(translator, ours, sources, e.attention_sentences, paths.ATTENTION_DIR)
 
     # The validation set: what the promotion gate compares (never a test set).
-    sources, references = read_lines(valid_files[0]), read_lines(valid_files[1])
+    sources = read_lines(valid_files[0])
+    scorer, references = scorer_for(form, data.valid_set, data.tgt_lang, read_lines(valid_files[1]))
     start = time.monotonic()
     model_sha256 = file_sha256(paths.AVERAGED_MODEL)
     hypotheses = tuned_translations(params, decoding, len(sources), model_sha256)
@@ -204,9 +217,12 @@ def evaluate(params: Sections) -> dict[str, Any]:
         hypotheses = translator.translate(sources)
     seconds = time.monotonic() - start
     write_lines(paths.TRANSLATIONS_DIR / f"{data.valid_set}.{data.tgt_lang}", hypotheses)
-    scores = score(hypotheses, references)   # the signatures are the test sets'
-    dev = {**{k: scores[k] for k in ("bleu", "chrf", "length_ratio")}, "sentences": len(sources),
-           "translated_by": source, **literature(hypotheses, data.valid_set, data.tgt_lang)}
+    scores = scorer(hypotheses, references)   # the signatures are the test sets'
+    dev = {**{k: scores[k] for k in ("bleu", "chrf", "length_ratio", "measure") if k in scores},
+           "sentences": len(sources),
+           "translated_by": source,
+           **({LITERATURE_KEY: scores["bleu"]} if form.literature
+              else literature(hypotheses, data.valid_set, data.tgt_lang))}
     if source == "evaluate":
         decode_seconds[data.valid_set] = seconds
     print(f"{data.valid_set} (validation): BLEU {dev['bleu']:.2f}  chrF {dev['chrf']:.2f}  ({len(sources)} "

@@ -22,6 +22,8 @@ from pipeline.config.loader import load_sections
 from pipeline.config.tokenizer import TokenizerParams
 from pipeline.data.spec import DataError
 from pipeline.stages.runner import run_stage
+from pipeline.text.forms import CHECKPOINT_KEY as TEXT_FORM_KEY
+from pipeline.text.forms import TextForm
 from transformer.atomic import write_bytes, write_json
 from transformer.tokenizer import Tokenizer, open_tokenizer, train_tokenizer
 from transformer.training.token_store import encode_to_store
@@ -92,13 +94,23 @@ def check_corpus(data: DataParams) -> None:
             raise DataError(f"misaligned corpus: {a} has {na} lines but {b} has {nb}")
 
 
+def text_form(data: DataParams, params: TokenizerParams) -> TextForm:
+    """The form every split is encoded in (``tokenizer.text_form``), for this language pair."""
+    return TextForm(params.text_form, data.src_lang, data.tgt_lang)
+
+
+def split_lines(split: str, lang: str, form: TextForm) -> Iterator[str]:
+    """A split's sentences in ``lang``, streamed, in ``form``."""
+    return form.stream(corpus_lines(paths.corpus_file(split, lang)), lang)
+
+
 def build_tokenizer(data: DataParams, params: TokenizerParams) -> Tokenizer:
-    """Train the joint model on both sides of the training split, streamed (SentencePiece samples
-    ``input_sentence_size`` sentences itself), or reuse ``tokenizer.model_from``."""
+    """Train the joint model on both sides of the training split in ``tokenizer.text_form``, streamed
+    (SentencePiece samples ``input_sentence_size`` sentences itself), or reuse ``tokenizer.model_from``."""
     if params.model_from:
         return reuse_tokenizer(Path(params.model_from), paths.TOKENIZER_MODEL, params.vocab_size)
-    texts = itertools.chain(corpus_lines(paths.corpus_file("train", data.src_lang)),
-                            corpus_lines(paths.corpus_file("train", data.tgt_lang)))
+    form = text_form(data, params)
+    texts = itertools.chain(split_lines("train", data.src_lang, form), split_lines("train", data.tgt_lang, form))
     try:
         return train_tokenizer(texts, paths.TOKENIZER_MODEL, params.vocab_size, model_type=params.model_type,
                                character_coverage=params.character_coverage,
@@ -107,12 +119,14 @@ def build_tokenizer(data: DataParams, params: TokenizerParams) -> Tokenizer:
         raise ParamsError(str(err)) from None
 
 
-def encode_splits(data: DataParams, tokenizer: Tokenizer) -> dict[str, dict[str, int]]:
-    """Encode train, valid and test splits into token stores, streamed in chunks; counts per split."""
+def encode_splits(data: DataParams, tokenizer: Tokenizer, form: TextForm | None = None) -> dict[str, dict[str, int]]:
+    """Encode train, valid and test splits, in ``form`` (default raw), into token stores, streamed in
+    chunks; counts per split."""
+    form = form or TextForm()
     counts = {}
     for split in dict.fromkeys(["train", data.valid_set, *data.test_sets]):
-        store = encode_to_store(tokenizer, corpus_lines(paths.corpus_file(split, data.src_lang)),
-                                corpus_lines(paths.corpus_file(split, data.tgt_lang)), paths.token_store(split))
+        store = encode_to_store(tokenizer, split_lines(split, data.src_lang, form),
+                                split_lines(split, data.tgt_lang, form), paths.token_store(split))
         counts[split] = {"pairs": len(store), "src_tokens": store.num_tokens("src"),
                          "tgt_tokens": store.num_tokens("tgt")}
     return counts
@@ -126,11 +140,17 @@ def main() -> None:
     tokenizer = build_tokenizer(params.data, params.tokenizer)
     if params.tokenizer.model_from:
         print(f"tokenizer: {params.tokenizer.model_from} reused ({tokenizer.vocab_size} pieces), not retrained")
-    counts = encode_splits(params.data, tokenizer)
+    form = text_form(params.data, params.tokenizer)
+    if not form.is_raw:
+        print(f"text form: {form.name} (both sides lowercased, punctuation-normalized and Moses-tokenized "
+              "before SentencePiece)", flush=True)
+    counts = encode_splits(params.data, tokenizer, form)
     # No wall time in here: data/tokens is the train stage's input, and a rerun that encodes the
-    # same tokens must leave its hash, and so the trained model, untouched.
+    # same tokens must leave its hash, and so the trained model, untouched. The text form only where
+    # it is not raw: a raw run's stats are the bytes they always were.
     write_json(paths.TOKENS_DIR / "stats.json", {"vocab_size": tokenizer.vocab_size, "splits": counts,
-                                                  "model_from": params.tokenizer.model_from})
+                                                  "model_from": params.tokenizer.model_from,
+                                                  **({TEXT_FORM_KEY: form.entry()} if not form.is_raw else {})})
     for split, c in counts.items():
         print(f"{split:>20}: {c['pairs']:>8} pairs {c['src_tokens']:>10} src {c['tgt_tokens']:>10} tgt tokens")
     print(f"tokenizer stage: {time.monotonic() - start:.1f} s")

@@ -52,6 +52,7 @@ if __name__ == "__main__":
     exit_2_on((ParamsError,), restart_on_chosen_malloc)
 
 import argparse
+import json
 import math
 import os
 import re
@@ -59,7 +60,7 @@ import signal
 import sys
 import time
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -77,6 +78,8 @@ from pipeline.data.spec import DataError
 from pipeline.figures.curves import CurveWriter
 from pipeline.stages import launch
 from pipeline.stages.runner import run_stage
+from pipeline.text.forms import CHECKPOINT_KEY as TEXT_FORM_KEY
+from pipeline.text.forms import TextForm, text_form_of
 from transformer.atomic import file_sha256, write_json
 from transformer.model import Transformer
 from transformer.training.token_store import TokenStore
@@ -154,6 +157,29 @@ def tokenizer_sha256() -> str:
                         "run the tokenizer stage first (dvc repro tokenizer)") from None
 
 
+def tokens_text_form() -> TextForm:
+    """The text form the tokenizer stage encoded the token stores in (its ``stats.json``; raw where it
+    names none). ``DataError`` for a file that cannot be read or names an unknown form."""
+    stats = paths.TOKENS_DIR / "stats.json"
+    try:
+        return text_form_of(json.loads(stats.read_text(encoding="utf-8")), str(stats))
+    except (OSError, ValueError) as err:   # TextFormError is a ValueError
+        raise DataError(f"{stats} cannot be read ({err}): run the tokenizer stage again (dvc repro -f tokenizer)"
+                        ) from None
+
+
+class TextFormEntry(TrainerCallback):
+    """Writes the text form into every checkpoint (``pipeline.text.forms``): the model says what it reads.
+    Nothing for raw text, so a raw run's checkpoints are the bytes they always were."""
+
+    def __init__(self, form: TextForm) -> None:
+        self.form = form
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        entry = self.form.entry()
+        return {TEXT_FORM_KEY: entry} if entry is not None else {}
+
+
 def mlflow_callback(params: Sections, trainer: Trainer, tracked: dict[str, object],
                     derived: dict[str, object]) -> MlflowCallback:
     """The trainer's MLflow hooks: one run per training, tagged with the data, device and starting
@@ -189,7 +215,8 @@ def train(callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
         derived.update(processes=world_size, max_tokens_per_process=config_train.max_tokens)
     try:
         trainer = Trainer(model, config_train, train_data, valid_data=valid_data,
-                          checkpoint_dir=paths.CHECKPOINT_DIR, callbacks=list(callbacks or []),
+                          checkpoint_dir=paths.CHECKPOINT_DIR,
+                          callbacks=[TextFormEntry(tokens_text_form()), *(callbacks or [])],
                           tokenizer_sha256=tokenizer_sha256())
     except ValueError as err:
         raise ParamsError(f"params.yaml: {err}") from None

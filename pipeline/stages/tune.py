@@ -16,7 +16,9 @@ its smallest alpha and the first rule listed.
 
 The rules, in this order:
 
-1. an engine's point: the highest validation BLEU (sacrebleu, to 0.01 as reported); ties go to the
+1. an engine's point: the highest validation BLEU (sacrebleu, to 0.01 as reported; for a model of the
+   literature's text form, ``tokenizer.text_form`` ``lc_norm_tok``, ``bleu_lc_tok`` of its hypotheses as
+   written, ``pipeline.scoring.measure``, and the reports say ``"measure": "bleu_lc_tok"``); ties go to the
    smaller beam size, then to the smaller alpha, then to fairseq's stopping rule before the exact one
    (the cheaper search, the milder length bonus, the earlier stop);
 2. CTranslate2's compute type: the first of ``COMPUTE_TYPES`` (int8, then float32) whose BLEU at
@@ -69,6 +71,7 @@ from pipeline.config.tracking import TrackingParams
 from pipeline.data.references import tokenized_references
 from pipeline.data.text_files import read_lines
 from pipeline.scoring.literature_bleu import literature_score
+from pipeline.scoring.measure import Scorer, measure_name, scorer_for
 from pipeline.scoring.reports import LITERATURE_KEY, TUNE_DIR, TUNE_RUN, TUNE_SCORES
 from pipeline.scoring.sacrebleu_scores import score
 from pipeline.serving.ct2_translator import EngineUnavailable
@@ -76,6 +79,7 @@ from pipeline.serving.decoding import TUNE_REPORT
 from pipeline.serving.engine import AnyTranslator
 from pipeline.serving.stage_translator import build_translator, load_averaged, split_files
 from pipeline.stages.runner import run_stage
+from pipeline.text.forms import text_form_of
 from transformer.atomic import write_json, write_lines
 from transformer.checkpoint import file_sha256
 
@@ -156,8 +160,8 @@ class Search:
     """The decodes made so far, in order: each one's scores (the report's grid), its translations
     and, apart (the machine's, not the model's), its time in seconds."""
 
-    def __init__(self, sources: list[str], references: list[str]) -> None:
-        self.sources, self.references = sources, references
+    def __init__(self, sources: list[str], references: list[str], scorer: Scorer = score) -> None:
+        self.sources, self.references, self.scorer = sources, references, scorer
         self.grid: list[dict[str, Any]] = []
         self.outputs: dict[Key, list[str]] = {}
         self.times: list[float] = []
@@ -171,7 +175,7 @@ class Search:
             start = time.monotonic()
             hypotheses = translator.translate(self.sources, beam_size, alpha, stopping)
             seconds = time.monotonic() - start
-            s = score(hypotheses, self.references)
+            s = self.scorer(hypotheses, self.references)
             point = {"engine": engine, "compute_type": compute_type, "beam_size": beam_size, "alpha": alpha,
                      "stopping": stopping, **{k: s[k] for k in SCORES}}
             scored.append(point)
@@ -234,10 +238,14 @@ def tune(params: Sections) -> dict[str, Any]:
     data, e, t = params.data, params.evaluate, params.tune
     checkpoint = load_averaged()
     src_file, ref_file = split_files(data.valid_set, "data.valid_set", params)
-    sources, references = read_lines(src_file), read_lines(ref_file)
+    sources = read_lines(src_file)
+    # The BLEU that chooses: sacreBLEU, or bleu_lc_tok for a model of the literature's text form.
+    form = text_form_of(checkpoint, str(paths.AVERAGED_MODEL))
+    scorer, references = scorer_for(form, data.valid_set, data.tgt_lang, read_lines(ref_file))
     if t.max_sentences:
         sources, references = sources[:t.max_sentences], references[:t.max_sentences]
-    print(f"tuning on {data.valid_set} ({len(sources)} sentences): engines {', '.join(t.engines)}", flush=True)
+    print(f"tuning on {data.valid_set} ({len(sources)} sentences): engines {', '.join(t.engines)}"
+          + ("" if form.is_raw else f"; text form {form.name}: {LITERATURE_KEY} chooses"), flush=True)
     engines, skipped, ct2 = list(t.engines), {}, None
     if "ctranslate2" in engines:
         try:
@@ -246,7 +254,7 @@ def tune(params: Sections) -> dict[str, Any]:
         except EngineUnavailable as err:   # the engine every caller falls back to is searched instead
             print(f"tune: CTranslate2 {err}: searching torch only", flush=True)
             engines, skipped = ["torch"], {"ctranslate2": str(err)}
-    search = Search(sources, references)
+    search = Search(sources, references, scorer)
     per_engine = {}
     if "torch" in engines:
         per_engine["torch"] = search_torch(search, checkpoint, params)
@@ -255,11 +263,14 @@ def tune(params: Sections) -> dict[str, Any]:
     chosen = per_engine[choose_engine({name: p["bleu"] for name, p in per_engine.items()})]
     seconds = time.monotonic() - start_all
     best = search.outputs[key(chosen)]
-    signature = score(best, references)["signature"]
-    measured = literature(best, data.valid_set, data.tgt_lang)   # after the choice: it never ranks
+    signature = scorer(best, references)["signature"]
+    # After the choice: it never ranks (a model of the literature's form was chosen by it: nothing to add).
+    measured = {} if form.literature else literature(best, data.valid_set, data.tgt_lang)
     report = {"valid_set": data.valid_set, "sentences": len(sources), "rule": RULE,
+              **({"measure": measure_name(form)} if not form.is_raw else {}),
               "chosen": {**{k: chosen[k] for k in (*SETTINGS, *SCORES)},
-                         **{k: v for k, v in measured.items() if k == LITERATURE_KEY}},
+                         **{k: v for k, v in measured.items() if k == LITERATURE_KEY},
+                         **({LITERATURE_KEY: chosen["bleu"]} if form.literature else {})},
               **{k: v for k, v in measured.items() if k != LITERATURE_KEY},
               "signature": signature,
               "engines": {name: {"chosen": {k: p[k] for k in (*SETTINGS, *SCORES)}} for name, p in per_engine.items()},

@@ -86,13 +86,15 @@ class Pieces:
     and batches hold a few sentences."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
-        self.sp, self.vocab_size = tokenizer.sp, tokenizer.vocab_size
+        self.sp, self.vocab_size, self.tokenizer = tokenizer.sp, tokenizer.vocab_size, tokenizer
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        return [self.sp.encode(text, out_type=int) for text in texts]
+        """Each text's ids, in the form the model reads (the tokenizer's ``prepare``)."""
+        return [self.sp.encode(text, out_type=int) for text in self.tokenizer.prepare(texts)]
 
     def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
-        return [self.sp.decode(list(pieces)) for pieces in ids]
+        """Each hypothesis as a reader gets it (the tokenizer's ``for_reader``)."""
+        return self.tokenizer.for_reader([self.sp.decode(list(pieces)) for pieces in ids])
 
 
 @dataclass

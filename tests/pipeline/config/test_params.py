@@ -106,6 +106,8 @@ BAD = [
     (setter("data", "max_ratio", 0.5), "data.max_ratio must be at least 1, got 0.5"),
     (setter("tokenizer", "vocab_size", 8), "tokenizer.vocab_size must be at least 16, got 8"),
     (setter("tokenizer", "model_type", "wordpiece"), "tokenizer.model_type must be bpe or unigram, got 'wordpiece'"),
+    (setter("tokenizer", "text_form", "lowercase"),
+     "params.yaml: tokenizer.text_form must be one of raw, lc_norm_tok, got 'lowercase'"),
     (setter("average", "last_n", 0), "average.last_n must be positive, got 0"),
     (setter("evaluate", "beam_size", 0), "evaluate.beam_size must be a positive integer, got 0"),
     (setter("evaluate", "alpha", -0.1), "evaluate.alpha must be a number >= 0, got -0.1"),

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import sacrebleu
 
-from pipeline.scoring.literature_bleu import KEY, LABEL, bleu_lc_tok, lc_norm_tok, literature_score
+from pipeline.scoring.literature_bleu import KEY, LABEL, bleu_lc_tok, lc_norm_tok, literature_score, score_as_written
+from pipeline.scoring.paper_bleu import multi_bleu
 from pipeline.scoring.reports import LITERATURE_KEY, LITERATURE_LABEL
 
 pytestmark = pytest.mark.fast
@@ -98,3 +99,20 @@ def test_the_label_and_what_is_refused():
         bleu_lc_tok(["a", "b"], ["a"], "en")
     with pytest.raises(ValueError, match="no sentences"):
         bleu_lc_tok([], [], "en")
+
+
+def test_a_model_writing_the_literatures_form_is_scored_as_written_never_tokenized_twice():
+    """A hypothesis already in lc.norm.tok form (``&apos;`` escaped) scores against the references as it
+    is; put through the tokenizer again its escapes would be split and escaped (``&amp; apos ;``) and the
+    match lost."""
+    references = ["ein mann &apos;s hut , &quot; blau &quot; .", "zwei hunde &amp; ein ball ."]
+    hypotheses = ["ein mann &apos;s hut , &quot; blau &quot; .", "zwei hunde &amp; ein ball !"]
+    assert lc_norm_tok(hypotheses[:1], "de") == ["ein mann &amp; apos ; s hut , &amp; quot ; blau &amp; quot ; ."]
+    scores = score_as_written(hypotheses, references, 100, lang="de", references="upstream lc.norm.tok")
+    expected = round(multi_bleu(hypotheses, references).score, 2)
+    assert scores["bleu"] == scores[KEY] == expected > bleu_lc_tok(hypotheses, references, "de").score + 20
+    assert scores["measure"] == KEY and scores["signature"].startswith(LABEL)
+    assert scores["bleu_ci95"] == scores[f"{KEY}_ci95"] >= 0
+    assert scores["length_ratio"] == 1.0
+    assert scores["chrf"] == round(sacrebleu.CHRF(lowercase=True).corpus_score(hypotheses, [references]).score, 2)
+    assert "case:lc" in scores["chrf_signature"]
