@@ -65,11 +65,26 @@ def pending_challenger(root: Path, model_file: Path) -> str:
 
 @dataclass(frozen=True)
 class Systems:
-    """One evaluation set: its references and the two models' translations of its sources."""
+    """One evaluation set: its references and the two models' translations of its sources.
+    ``tokenized``: all three in the literature's text form (``pipeline.text.forms``: the models write
+    ``lc.norm.tok`` text, the references are upstream's ``lc.norm.tok`` files), scored as they are
+    (``bleu_lc_tok``: whitespace tokens, no smoothing) instead of by sacreBLEU's detokenized BLEU."""
 
     references: Sequence[str]
     champion: Sequence[str]
     challenger: Sequence[str]
+    tokenized: bool = False
+
+
+def check_comparable(champion_form: str, challenger_form: str, name: str, champion_version: str) -> None:
+    """``GateError`` unless the two models write the same text form: the BLEU of lowercased, tokenized
+    output and that of cased text measure different things, and neither model can be judged by the
+    other's. A team that switches forms on purpose moves the alias itself."""
+    if champion_form != challenger_form:
+        raise GateError(f"the champion ({name} version {champion_version}) writes {champion_form!r} text and the "
+                        f"challenger {challenger_form!r} text (tokenizer.text_form): their BLEU cannot be compared, "
+                        f"nothing is promoted; to switch forms, set the {CHAMPION_ALIAS!r} alias by hand "
+                        f"(MlflowClient().set_registered_model_alias)")
 
 
 @dataclass(frozen=True)
@@ -100,7 +115,9 @@ def paired_bootstrap(test_set: str, systems: Systems, resamples: int) -> Compari
     if not n or len(systems.champion) != n or len(systems.challenger) != n:
         raise GateError(f"{test_set}: {n} references but {len(systems.champion)} champion and "
                         f"{len(systems.challenger)} challenger translations")
-    bleu = BLEU(references=[list(systems.references)])
+    # The literature's form: multi-bleu.perl on the text as it is (pipeline.scoring.literature_bleu).
+    bleu = (BLEU(references=[list(systems.references)], tokenize="none", smooth_method="none", force=True)
+            if systems.tokenized else BLEU(references=[list(systems.references)]))
     test = PairedTest([("champion", list(systems.champion)), ("challenger", list(systems.challenger))],
                       {"BLEU": bleu}, references=None, test_type="bs", n_samples=resamples)
     _, scores = test()
@@ -272,11 +289,13 @@ def translate_with_version(client: MlflowClient, name: str, version: str, source
     chose, ``pipeline.serving.registered``), as its stopping rule, engine and compute type always are
     (versions registered before there was a choice stop by the exact rule they were scored with, and
     decode with torch); ``max_len_b``, ``batch_sentences`` and ``precision`` are the caller's, as the
-    challenger's. Returns the translations by set and the tuned settings used (``TUNED``: the engine
-    that decoded)."""
+    challenger's. Returns the translations by set (in the model's own text form) and the tuned settings
+    used (``TUNED``: the engine that decoded) with ``text_form``, the form the model writes."""
     from pipeline.config.decoding import TUNED
     from pipeline.serving.engine import load_engine_translator
     from pipeline.serving.registered import SettingsNotRecorded, mlmodel_settings
+    from pipeline.text.forms import text_form_of
+    from transformer.checkpoint import load_checkpoint
 
     with tempfile.TemporaryDirectory(prefix="champion-") as tmp:
         files = version_files(client, name, version, Path(tmp), tracking_uri)
@@ -292,6 +311,7 @@ def translate_with_version(client: MlflowClient, name: str, version: str, source
         used = {key: getattr(translator.decoding, key) for key in TUNED}
         if used["engine"] == "torch":
             used["compute_type"] = None   # CTranslate2's only, as in reports/metrics.json
+        used["text_form"] = text_form_of(load_checkpoint(files["model"]), f"{name} version {version}").name
         return {name_: translator.translate(list(lines)) for name_, lines in sources.items()}, used
 
 

@@ -37,6 +37,7 @@ from pipeline.flows.gate import (
     GateError,
     Systems,
     challenger_version,
+    check_comparable,
     current_champion,
     pending_challenger,
     promote_if_better,
@@ -49,7 +50,9 @@ from pipeline.scoring.reports import (
     scores_of_dev_sets,
     scores_of_test_sets,
 )
+from pipeline.text.forms import text_form_of
 from pipeline.tracking import links, store
+from transformer.checkpoint import load_checkpoint
 
 METRICS_ARTIFACT = "training-metrics"
 GATE_ARTIFACT = "promotion-gate"
@@ -183,6 +186,19 @@ def _settings(beam_size: Any, alpha: Any, stopping: Any = "exact", engine: Any =
         f" {compute_type}" if compute_type else "")
 
 
+def gate_references(root: Path, split: str, lang: str, literature: bool) -> list[str]:
+    """The references the gate scores ``split`` against: the corpus's, or for models of the literature's
+    text form upstream's ``lc.norm.tok`` lines (the references stage's; ``GateError`` where there are none)."""
+    if not literature:
+        return read_lines(root / paths.corpus_file(split, lang))
+    from pipeline.data.references import REFERENCES_DIR, tokenized_references
+
+    found = tokenized_references(split, root / REFERENCES_DIR)
+    if found is None:
+        raise GateError(f"{split} has no lc.norm.tok references to judge models of the literature's text form by")
+    return found[0]
+
+
 @task(name="promotion gate", cache_policy=NO_CACHE)
 def promotion_gate(workdir: str, flow_run_id: str = "", extra_tags: dict[str, str] | None = None) -> Decision:
     """Challenger (the model the pipeline just registered) against the registry's champion, decided
@@ -229,8 +245,10 @@ def promotion_gate(workdir: str, flow_run_id: str = "", extra_tags: dict[str, st
                                                      e.max_len_b, e.batch_sentences, e.precision, tracking_uri=uri)
         decoding["champion"] = _settings(*(used[k] for k in ("beam_size", "alpha", "stopping", "engine",
                                                              "compute_type")))
-        systems = {s: Systems(read_lines(root / paths.corpus_file(s, data.tgt_lang)), champion_hyps[s],
-                              read_lines(root / paths.TRANSLATIONS_DIR / f"{s}.{data.tgt_lang}"))
+        form = text_form_of(load_checkpoint(root / paths.AVERAGED_MODEL), str(paths.AVERAGED_MODEL))
+        check_comparable(used["text_form"], form.name, name, str(champion.version))
+        systems = {s: Systems(gate_references(root, s, data.tgt_lang, form.literature), champion_hyps[s],
+                              read_lines(root / paths.TRANSLATIONS_DIR / f"{s}.{data.tgt_lang}"), form.literature)
                    for s in sets}
     decision = promote_if_better(client, name, challenger, champion, systems, gate_set=gate_set,
                                  significance=flows.significance, resamples=flows.bootstrap_resamples,

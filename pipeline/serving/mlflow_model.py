@@ -14,7 +14,9 @@ written and read by ``pipeline.serving.registered``); a request may override the
 ``pipeline.serving.decoding.REQUEST`` names (beam size, alpha, stopping rule). The model decodes
 with its engine (``pipeline.serving.engine``): versions registered before the engine was a setting,
 which have no ``ctranslate2`` artifact, with torch, as they were scored; its pip requirements name
-CTranslate2 where the engine is ctranslate2.
+CTranslate2 where the engine is ctranslate2. A model of the literature's text form (``pipeline.text.forms``:
+trained on lowercased, Moses-tokenized text, as its checkpoint says) prepares each sentence so and answers
+with its output detokenized (still lowercase).
 
 ``predict`` checks its input before decoding anything, and a bad request is an
 ``MlflowException`` with ``INVALID_PARAMETER_VALUE`` (the scoring server answers 400 with the

@@ -156,7 +156,8 @@ def test_a_registered_version_translates_as_the_evaluate_stage_did(trained, ws):
                for name in ("val", "test_2016_flickr")}
     got, used = gate.translate_with_version(client, MODEL, "1", sources, beam_size=None, alpha=None, max_len_b=8,
                                             batch_sentences=250, tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
-    assert used == {"beam_size": 2, **{k: decoding[k] for k in ("alpha", "stopping", "engine", "compute_type")}}
+    assert used == {"beam_size": 2, **{k: decoding[k] for k in ("alpha", "stopping", "engine", "compute_type")},
+                    "text_form": "raw"}
     for name in sources:
         logged = mlflow.artifacts.download_artifacts(run_id=version.run_id, artifact_path=f"translations/{name}.de",
                                                      tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
@@ -473,6 +474,33 @@ def test_a_challenger_better_on_test_but_not_on_the_development_set_is_not_promo
                           gate_set="main", significance=0.05, resamples=1000)
     # the champion against itself: nothing recorded, nothing moved
     assert judge(client, dev_winner, dict(CHAMPION)).verdict == "unchanged"
+
+
+def test_models_of_the_literatures_text_form_are_judged_on_their_tokens_as_written():
+    """Tokenized systems (lc.norm.tok references and output) score by multi-bleu.perl's BLEU on the text
+    as it is; sacreBLEU's 13a tokenizer would split the escapes (``&apos;`` -> ``& apos ;``) and score
+    them as matches of their own."""
+    refs = [f"{line} &apos;s &quot; ok &quot; ." for line in REFS["main"]]
+    champion = [f"{line} &apos;s &quot; ok &quot; ." for line in CHAMPION["main"]]
+    challenger = [f"{line} &apos;s &quot; ok &quot; ." for line in noisy(REFS["main"], 0.3, 20)]
+    as_written = gate.paired_bootstrap("main", Systems(refs, champion, challenger, tokenized=True), 200)
+    detokenized = gate.paired_bootstrap("main", Systems(refs, champion, challenger), 200)
+    from pipeline.scoring.paper_bleu import multi_bleu
+
+    assert as_written.challenger_bleu == round(multi_bleu(challenger, refs).score, 2)
+    assert as_written.champion_bleu == round(multi_bleu(champion, refs).score, 2)
+    assert detokenized.challenger_bleu != as_written.challenger_bleu
+    assert as_written.better(0.05)
+
+
+def test_models_of_different_text_forms_are_never_compared():
+    gate.check_comparable("lc_norm_tok", "lc_norm_tok", MODEL, "3")
+    gate.check_comparable("raw", "raw", MODEL, "3")
+    with pytest.raises(gate.GateError) as err:
+        gate.check_comparable("raw", "lc_norm_tok", MODEL, "3")
+    message = str(err.value)
+    assert f"the champion ({MODEL} version 3) writes 'raw' text and the challenger 'lc_norm_tok' text" in message
+    assert "nothing is promoted" in message and "\n" not in message
 
 
 def test_gate_refuses_partial_runs(registry):

@@ -152,7 +152,8 @@ def test_server_gate_and_pyfunc_read_the_same_settings(store, tmp_path):
         assert served.translator.decoding == expected                              # the server
         got, used = gate.translate_with_version(store.client, NAME, version, {"val": SOURCES}, None, None,
                                                 max_len_b=12, batch_sentences=64, tracking_uri=store.uri)
-        assert used == {**expected.per_request(), "engine": "torch", "compute_type": None}   # the gate
+        assert used == {**expected.per_request(), "engine": "torch", "compute_type": None,   # the gate
+                        "text_form": "raw"}
         reference = load_translator(store.model_file, store.tokenizer_file, expected.replace(max_len_b=12),
                                     device="cpu")
         assert got["val"] == reference.translate(SOURCES)
