@@ -20,6 +20,7 @@ from pipeline.config.overrides import with_overrides
 from pipeline.config.tokenizer import TokenizerParams
 from pipeline.config.tracking import TrackingParams
 from pipeline.config.train import TrainSection, check_init_files
+from pipeline.text.names import RAW
 from transformer.training.train_config import TrainConfig
 
 # Every section, in params.yaml's order.
@@ -52,6 +53,7 @@ def validate(raw: dict[str, Any], root: str | Path = ".") -> Params:
     loaded = load_sections(*SECTIONS, raw=raw)
     params = Params(raw, {name: getattr(loaded, name) for name in (s.SECTION for s in SECTIONS)})
     check_gate_set(params.flows, params.data)
+    check_text_form(params.tokenizer, params.data)
     check_init_files(params.train, params.tokenizer, root)
     return params
 
@@ -81,3 +83,19 @@ def check_gate_set(flows: FlowsParams, data: DataParams) -> None:
     if gate_set != data.valid_set:
         raise ParamsError(f"params.yaml: flows.gate_set {gate_set!r} is not data.valid_set ({data.valid_set!r}), "
                           "the development set the pipeline downloads and translates; leave it empty or name it")
+
+
+def check_text_form(tokenizer: TokenizerParams, data: DataParams) -> None:
+    """A model of the literature's text form is tuned and scored against upstream's ``lc.norm.tok``
+    references (``pipeline.scoring.measure``): every set it is scored on must have one, refused here
+    rather than after training."""
+    if tokenizer.text_form == RAW:
+        return
+    from pipeline.data.references import reference_file
+
+    missing = [s for s in dict.fromkeys([data.valid_set, *data.test_sets])
+               if reference_file(data.dataset, s, data.tgt_lang) is None]
+    if missing:
+        raise ParamsError(f"params.yaml: tokenizer.text_form {tokenizer.text_form} is scored against the data set's "
+                          f"lc.norm.tok references, and {data.dataset} has none for {', '.join(missing)} in "
+                          f"{data.tgt_lang}: score it on sets that have them, or use tokenizer.text_form {RAW}")

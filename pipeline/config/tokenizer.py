@@ -7,7 +7,7 @@ from typing import Annotated
 from pydantic import Field, field_validator
 
 from pipeline.config.section import Section, invalid
-from pipeline.text.forms import TEXT_FORMS
+from pipeline.text.names import TEXT_FORMS
 
 MODEL_TYPES = ("bpe", "unigram")
 

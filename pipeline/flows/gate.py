@@ -281,7 +281,7 @@ def challenger_version(client: MlflowClient, name: str, run_id: str | Sequence[s
 def translate_with_version(client: MlflowClient, name: str, version: str, sources: Mapping[str, Sequence[str]],
                            beam_size: int | None, alpha: float | None, max_len_b: int, batch_sentences: int,
                            precision: str = "fp32", tracking_uri: str | None = None,
-                           ) -> tuple[dict[str, list[str]], dict[str, Any]]:
+                           comparable_with: str | None = None) -> tuple[dict[str, list[str]], dict[str, Any]]:
     """Translate each set's sources with a registered model version (its own checkpoint and
     tokenizer, the pyfunc model's artifacts) and its engine (its ``ctranslate2`` artifact where the
     engine is ctranslate2; torch where it has none or CTranslate2 cannot load it, with a warning).
@@ -290,11 +290,13 @@ def translate_with_version(client: MlflowClient, name: str, version: str, source
     (versions registered before there was a choice stop by the exact rule they were scored with, and
     decode with torch); ``max_len_b``, ``batch_sentences`` and ``precision`` are the caller's, as the
     challenger's. Returns the translations by set (in the model's own text form) and the tuned settings
-    used (``TUNED``: the engine that decoded) with ``text_form``, the form the model writes."""
+    used (``TUNED``: the engine that decoded) with ``text_form``, the form the model writes.
+    ``comparable_with``: the text form of the model it is to be compared with (``check_comparable``,
+    before anything is translated)."""
     from pipeline.config.decoding import TUNED
     from pipeline.serving.engine import load_engine_translator
     from pipeline.serving.registered import SettingsNotRecorded, mlmodel_settings
-    from pipeline.text.forms import text_form_of
+    from pipeline.text.names import text_form_of
     from transformer.checkpoint import load_checkpoint
 
     with tempfile.TemporaryDirectory(prefix="champion-") as tmp:
@@ -303,6 +305,9 @@ def translate_with_version(client: MlflowClient, name: str, version: str, source
             own = mlmodel_settings(files["MLmodel"])
         except SettingsNotRecorded as err:
             raise GateError(f"{name} version {version} {err}") from None
+        form = text_form_of(load_checkpoint(files["model"]), f"{name} version {version}")
+        if comparable_with is not None:
+            check_comparable(form.name, comparable_with, name, version)
         decoding = own.replace(beam_size=beam_size, alpha=alpha, max_len_b=max_len_b,
                                batch_sentences=batch_sentences, precision=precision)
         translator = load_engine_translator(files["model"], files["tokenizer"], decoding,
@@ -311,7 +316,7 @@ def translate_with_version(client: MlflowClient, name: str, version: str, source
         used = {key: getattr(translator.decoding, key) for key in TUNED}
         if used["engine"] == "torch":
             used["compute_type"] = None   # CTranslate2's only, as in reports/metrics.json
-        used["text_form"] = text_form_of(load_checkpoint(files["model"]), f"{name} version {version}").name
+        used["text_form"] = form.name
         return {name_: translator.translate(list(lines)) for name_, lines in sources.items()}, used
 
 

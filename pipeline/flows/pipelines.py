@@ -37,7 +37,6 @@ from pipeline.flows.gate import (
     GateError,
     Systems,
     challenger_version,
-    check_comparable,
     current_champion,
     pending_challenger,
     promote_if_better,
@@ -50,7 +49,7 @@ from pipeline.scoring.reports import (
     scores_of_dev_sets,
     scores_of_test_sets,
 )
-from pipeline.text.forms import text_form_of
+from pipeline.text.names import text_form_of
 from pipeline.tracking import links, store
 from transformer.checkpoint import load_checkpoint
 
@@ -241,12 +240,12 @@ def promotion_gate(workdir: str, flow_run_id: str = "", extra_tags: dict[str, st
         sources = {s: read_lines(root / paths.corpus_file(s, data.src_lang)) for s in sets}
         logger.info("translating %s with the champion, %s version %s", ", ".join(sets), name, champion.version)
         e = params.evaluate
+        form = text_form_of(load_checkpoint(root / paths.AVERAGED_MODEL), str(paths.AVERAGED_MODEL))
         champion_hyps, used = translate_with_version(client, name, str(champion.version), sources, None, None,
-                                                     e.max_len_b, e.batch_sentences, e.precision, tracking_uri=uri)
+                                                     e.max_len_b, e.batch_sentences, e.precision, tracking_uri=uri,
+                                                     comparable_with=form.name)
         decoding["champion"] = _settings(*(used[k] for k in ("beam_size", "alpha", "stopping", "engine",
                                                              "compute_type")))
-        form = text_form_of(load_checkpoint(root / paths.AVERAGED_MODEL), str(paths.AVERAGED_MODEL))
-        check_comparable(used["text_form"], form.name, name, str(champion.version))
         systems = {s: Systems(gate_references(root, s, data.tgt_lang, form.literature), champion_hyps[s],
                               read_lines(root / paths.TRANSLATIONS_DIR / f"{s}.{data.tgt_lang}"), form.literature)
                    for s in sets}

@@ -20,8 +20,8 @@ import pandas as pd
 
 from pipeline.serving.mlflow_model import CT2_ARTIFACT, TranslatorModel
 
-# sacremoses and sacrebleu: a model of the literature's text form (pipeline.text.forms) prepares its input with them.
-PIP_REQUIREMENTS_OF = ("torch", "numpy", "sentencepiece", "pandas", "mlflow", "sacremoses", "sacrebleu")
+# sacremoses: a model of the literature's text form (pipeline.text.forms) prepares its input and output with it.
+PIP_REQUIREMENTS_OF = ("torch", "numpy", "sentencepiece", "pandas", "mlflow", "sacremoses")
 
 if TYPE_CHECKING:
     from pipeline.config.decoding import DecodingConfig

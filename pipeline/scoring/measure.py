@@ -19,7 +19,7 @@ from pipeline.data.references import tokenized_references
 from pipeline.scoring.literature_bleu import score_as_written
 from pipeline.scoring.reports import LITERATURE_KEY
 from pipeline.scoring.sacrebleu_scores import score
-from pipeline.text.forms import TextForm
+from pipeline.text.names import TextForm
 
 Scorer = Callable[..., dict[str, Any]]   # (hypotheses, references, bootstrap=0) -> scores with "bleu"
 SACREBLEU = "sacrebleu"
@@ -39,8 +39,8 @@ def scorer_for(form: TextForm, split: str, lang: str, references: list[str]) -> 
     found = tokenized_references(split)
     if found is None:
         raise ParamsError(f"params.yaml: tokenizer.text_form {form.name} is scored against the data set's "
-                          f"lc.norm.tok references, and {split} has none (Multi30k's val and test sets have): "
-                          "use tokenizer.text_form raw for this data set")
+                          f"lc.norm.tok references, and {split} has none here (the references stage writes "
+                          "them where upstream publishes them): use tokenizer.text_form raw for this data set")
     tokenized, url = found
     if len(tokenized) != len(references):
         raise ParamsError(f"{split}: {len(tokenized)} lc.norm.tok references for {len(references)} sentences")

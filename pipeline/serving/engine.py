@@ -20,7 +20,8 @@ import torch
 from pipeline.config.decoding import DecodingConfig
 from pipeline.serving.ct2_translator import CT2Translator, EngineUnavailable, load_ct2_translator
 from pipeline.serving.translator import Translator, load_translator
-from pipeline.text.forms import attach, text_form_of
+from pipeline.text.forms import attach
+from pipeline.text.names import text_form_of
 from transformer.checkpoint import load_checkpoint, require_model_entries
 from transformer.config import ModelConfig
 from transformer.precision import default_device

@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from pipeline.config.decoding import DecodingConfig
-from pipeline.text.forms import attach, text_form_of
+from pipeline.text.forms import attach
+from pipeline.text.names import text_form_of
 from transformer.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
 from transformer.model import Transformer
 from transformer.packed import pack_linears, packing_available

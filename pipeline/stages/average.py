@@ -14,8 +14,8 @@ from pipeline.config.errors import ParamsError
 from pipeline.config.loader import Sections, load_sections
 from pipeline.config.tracking import TrackingParams
 from pipeline.stages.runner import run_stage
-from pipeline.text.forms import CHECKPOINT_KEY as TEXT_FORM_KEY
-from pipeline.text.forms import text_form_of
+from pipeline.text.names import CHECKPOINT_KEY as TEXT_FORM_KEY
+from pipeline.text.names import text_form_of
 from transformer.checkpoint import average_checkpoints, file_sha256, load_checkpoint, save_checkpoint
 from transformer.training.checkpoint_files import list_checkpoints
 

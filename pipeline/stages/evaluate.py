@@ -73,7 +73,7 @@ from pipeline.serving.engine import AnyTranslator
 from pipeline.serving.stage_translator import build_translator, load_averaged, split_files
 from pipeline.serving.translator import Translator
 from pipeline.stages.runner import run_stage
-from pipeline.text.forms import text_form_of
+from pipeline.text.names import text_form_of
 from transformer.atomic import write_json, write_lines
 from transformer.checkpoint import file_sha256
 from transformer.search import attention_weights
@@ -258,7 +258,8 @@ def track(params: Sections, metrics: dict[str, Any], decoding: ChosenDecoding, s
                 values[f"test/{test_set}/{key}"] = m[key]
     for dev_set, m in metrics[DEV].items():
         values.update({f"dev/{dev_set}/bleu": m["bleu"], f"dev/{dev_set}/chrf": m["chrf"]})
-        if LITERATURE_KEY in m:   # reported, never ranking: valid_bleu (sacreBLEU) ranks
+        if LITERATURE_KEY in m:   # reported, never ranking: valid_bleu ranks (sacreBLEU; for a model of the
+            # literature's text form bleu_lc_tok itself: pipeline.scoring.measure)
             values[f"dev/{dev_set}/{LITERATURE_KEY}"] = m[LITERATURE_KEY]
     # What a sweep ranks runs by: val BLEU with the settings this run's model is registered with.
     values["valid_bleu"] = metrics[DEV][params.data.valid_set]["bleu"]

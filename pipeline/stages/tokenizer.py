@@ -22,8 +22,9 @@ from pipeline.config.loader import load_sections
 from pipeline.config.tokenizer import TokenizerParams
 from pipeline.data.spec import DataError
 from pipeline.stages.runner import run_stage
-from pipeline.text.forms import CHECKPOINT_KEY as TEXT_FORM_KEY
-from pipeline.text.forms import TextForm
+from pipeline.text.forms import stream
+from pipeline.text.names import CHECKPOINT_KEY as TEXT_FORM_KEY
+from pipeline.text.names import TextForm
 from transformer.atomic import write_bytes, write_json
 from transformer.tokenizer import Tokenizer, open_tokenizer, train_tokenizer
 from transformer.training.token_store import encode_to_store
@@ -101,7 +102,7 @@ def text_form(data: DataParams, params: TokenizerParams) -> TextForm:
 
 def split_lines(split: str, lang: str, form: TextForm) -> Iterator[str]:
     """A split's sentences in ``lang``, streamed, in ``form``."""
-    return form.stream(corpus_lines(paths.corpus_file(split, lang)), lang)
+    return stream(form, corpus_lines(paths.corpus_file(split, lang)), lang)
 
 
 def build_tokenizer(data: DataParams, params: TokenizerParams) -> Tokenizer:

@@ -78,8 +78,8 @@ from pipeline.data.spec import DataError
 from pipeline.figures.curves import CurveWriter
 from pipeline.stages import launch
 from pipeline.stages.runner import run_stage
-from pipeline.text.forms import CHECKPOINT_KEY as TEXT_FORM_KEY
-from pipeline.text.forms import TextForm, text_form_of
+from pipeline.text.names import CHECKPOINT_KEY as TEXT_FORM_KEY
+from pipeline.text.names import TextForm, text_form_of
 from transformer.atomic import file_sha256, write_json
 from transformer.model import Transformer
 from transformer.training.token_store import TokenStore
@@ -168,6 +168,21 @@ def tokens_text_form() -> TextForm:
                         ) from None
 
 
+def check_init_form(init_from: str, form: TextForm) -> None:
+    """Fine-tuning keeps the text form its initial weights were trained on: ``ParamsError`` when
+    ``train.init_from`` names another than the token stores' (``tokenizer.text_form``)."""
+    from transformer.checkpoint import CheckpointError, load_checkpoint
+
+    try:
+        theirs = text_form_of(load_checkpoint(init_from), init_from)
+    except (CheckpointError, ValueError) as err:
+        raise ParamsError(f"params.yaml: train.init_from {err}") from None
+    if theirs.name != form.name:
+        raise ParamsError(f"params.yaml: train.init_from {init_from} was trained on {theirs.name!r} text but the token "
+                          f"stores hold {form.name!r} text (tokenizer.text_form): fine-tuning keeps its weights' "
+                          f"form, set tokenizer.text_form to {theirs.name}")
+
+
 class TextFormEntry(TrainerCallback):
     """Writes the text form into every checkpoint (``pipeline.text.forms``): the model says what it reads.
     Nothing for raw text, so a raw run's checkpoints are the bytes they always were."""
@@ -204,6 +219,9 @@ def train(callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
     config_train = launch.per_process(params.train, world_size)   # max_tokens: one update's, in all processes
     train_data = open_store("train")
     valid_data = open_store(params.data.valid_set)
+    form = tokens_text_form()
+    if params.train.init_from:
+        check_init_form(params.train.init_from, form)
     config = params.model.config(train_data.vocab_size)
     torch.manual_seed(params.train.seed)
     model = Transformer(config)
@@ -216,7 +234,7 @@ def train(callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
     try:
         trainer = Trainer(model, config_train, train_data, valid_data=valid_data,
                           checkpoint_dir=paths.CHECKPOINT_DIR,
-                          callbacks=[TextFormEntry(tokens_text_form()), *(callbacks or [])],
+                          callbacks=[TextFormEntry(form), *(callbacks or [])],
                           tokenizer_sha256=tokenizer_sha256())
     except ValueError as err:
         raise ParamsError(f"params.yaml: {err}") from None

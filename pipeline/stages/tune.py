@@ -79,7 +79,7 @@ from pipeline.serving.decoding import TUNE_REPORT
 from pipeline.serving.engine import AnyTranslator
 from pipeline.serving.stage_translator import build_translator, load_averaged, split_files
 from pipeline.stages.runner import run_stage
-from pipeline.text.forms import text_form_of
+from pipeline.text.names import text_form_of
 from transformer.atomic import write_json, write_lines
 from transformer.checkpoint import file_sha256
 

@@ -118,7 +118,9 @@ def model_card(name: str, version: str, run: Any, *, metrics: Mapping[str, Any],
     scores = scores_of_test_sets(metrics)
     dev = next(iter((metrics.get("dev") or {}).items()), None)
     # The literature's BLEU (Multi30k): a column of its own where measured, never mixed with sacreBLEU's.
-    literature = any(LITERATURE_KEY in v for v in scores.values())
+    # A model of the literature's text form: its BLEU *is* that measure (pipeline.scoring.measure), no column twice.
+    written = any(v.get("measure") == LITERATURE_KEY for v in scores.values())
+    literature = any(LITERATURE_KEY in v for v in scores.values()) and not written
     lit_head, lit_rule = (" BLEU lc.tok (the literature's) |", "---:|") if literature else ("", "")
 
     def with_ci(v: Mapping[str, Any], key: str) -> str:   # "38.19 ± 0.86": the 95% bootstrap interval
@@ -146,10 +148,14 @@ def model_card(name: str, version: str, run: Any, *, metrics: Mapping[str, Any],
           f"{lit_cell(v)}"
           for s, v in scores.items()],
         "",
-        *[f"- {s}: sacreBLEU `{v['signature']}`" + (f", chrF `{v['chrf_signature']}`" if v.get("chrf_signature")
-                                                    else "") for s, v in scores.items()],
+        *[f"- {s}: {'BLEU lc.tok' if written else 'sacreBLEU'} `{v['signature']}`"
+          + (f", chrF `{v['chrf_signature']}`" if v.get("chrf_signature") else "") for s, v in scores.items()],
     ]
-    if literature:
+    if written:
+        lines.append("- BLEU is the literature's BLEU lc.tok itself: this model writes lowercased, Moses-tokenized "
+                     "text (tokenizer.text_form lc_norm_tok), scored as written against upstream's lc.norm.tok "
+                     "references; it has no cased score")
+    elif literature:
         lines.append(f"- BLEU lc.tok: {LITERATURE_LABEL}; the measure of published Multi30k results, "
                      "not comparable with sacreBLEU's")
     if any("bleu_ci95" in v for v in scores.values()):
@@ -158,8 +164,8 @@ def model_card(name: str, version: str, run: Any, *, metrics: Mapping[str, Any],
     if dev:
         lines.append(f"- validation ({dev[0]}, the development set that chose decoding and promotion): "
                      f"BLEU {dev[1].get('bleu', float('nan')):.2f}"
-                     + (f" (BLEU lc.tok {dev[1][LITERATURE_KEY]:.2f}, reported only)" if LITERATURE_KEY in dev[1]
-                        else ""))
+                     + (f" (BLEU lc.tok {dev[1][LITERATURE_KEY]:.2f}, reported only)"
+                        if LITERATURE_KEY in dev[1] and not written else ""))
     lines += [
         "", "## Decoding", "",
         f"Beam size {decoding.get('beam_size')} ({origin('beam_size')}), length penalty alpha "
@@ -201,8 +207,10 @@ def model_card(name: str, version: str, run: Any, *, metrics: Mapping[str, Any],
         *lineage,
         "", "## Limits", "",
         f"- Domain: {DOMAINS.get(dataset, f'the text of {dataset}; other domains will be translated worse')}.",
-        "- Casing: trained on cased, untokenized text (never lowercased) and scored cased (sacreBLEU "
-        "`case:mixed`); write input with normal casing and punctuation.",
+        ("- Casing: trained on the Multi30k literature's lowercased, punctuation-normalized, Moses-tokenized text; "
+         "the served model prepares input so and answers in lowercase, detokenized." if written else
+         "- Casing: trained on cased, untokenized text (never lowercased) and scored cased (sacreBLEU "
+         "`case:mixed`); write input with normal casing and punctuation."),
         f"- Length: training sources were at most {p.get('data.max_words', '?')} words "
         + (f"and {t['data.train_src_tokens.max']} pieces (99% within {t['data.train_src_tokens.p99']}); "
            if "data.train_src_tokens.max" in t else "; ")
@@ -227,7 +235,8 @@ def model_card(name: str, version: str, run: Any, *, metrics: Mapping[str, Any],
         **{f"data.md5.{k}": v for k, v in hashes.items()},
     }
     for s, v in scores.items():
-        tags.update({f"bleu.{s}": f"{v['bleu']:.2f}", f"sacrebleu.{s}": v["signature"]})
+        tags.update({f"bleu.{s}": f"{v['bleu']:.2f}",
+                     f"{f'{LITERATURE_KEY}.signature' if written else 'sacrebleu'}.{s}": v["signature"]})
         if "chrf" in v:
             tags[f"chrf.{s}"] = f"{v['chrf']:.2f}"
         if LITERATURE_KEY in v:

@@ -17,7 +17,7 @@ from pipeline.scoring.literature_bleu import LABEL, lc_norm_tok
 from pipeline.scoring.paper_bleu import multi_bleu
 from pipeline.serving.engine import load_engine_translator
 from pipeline.serving.mlflow_model import TranslatorModel
-from pipeline.text.forms import CHECKPOINT_KEY, TextForm, text_form_of
+from pipeline.text.names import CHECKPOINT_KEY, TextForm, text_form_of
 from transformer.checkpoint import load_checkpoint
 from transformer.tokenizer import Tokenizer
 from transformer.training.token_store import TokenStore
@@ -113,3 +113,49 @@ def test_a_loaded_model_prepares_its_input_and_detokenizes_for_readers(literatur
     served = model.predict(None, ["Two dogs run in the SNOW."])
     written = tokenizer.decode(translator.translate_ids(ids, beam_size=2))
     assert served == tokenizer.for_reader(written)
+
+
+def test_ctranslate2_the_server_and_the_translate_command_read_and_write_alike(literature_run, monkeypatch,
+                                                                             capsys):
+    from pipeline.serving import translate
+    from pipeline.serving.ct2_translator import CT2Translator
+    from pipeline.serving.server.requests import Pieces, checked
+
+    root = literature_run.path
+    ct2 = load_engine_translator(root / "models/model.pt", root / "data/tokenizer/spm.model",
+                                 DecodingConfig(beam_size=2, max_len_b=8, engine="ctranslate2", compute_type="int8",
+                                                stopping="fairseq"),
+                                 ct2_model=root / "models/ctranslate2")
+    assert isinstance(ct2, CT2Translator)
+    assert ct2.tokenizer.prepare(["A MAN'S HAT."]) == ["a man &apos;s hat ."]
+    # The server: a request's sentences prepared, a batch's hypotheses detokenized for the reader.
+    ids, _ = checked(ct2, {"inputs": ["A MAN'S HAT."]})
+    assert ids == [ct2.tokenizer.sp.encode("a man &apos;s hat .", out_type=int)]
+    written = ct2.tokenizer.sp.encode("ein mann &apos;s hut , &quot; blau &quot; .", out_type=int)
+    assert Pieces(ct2.tokenizer).decode([written]) == ['ein mann \'s hut, "blau".']
+    # The translate command answers readers (the model's output stood in for: the tiny model writes little).
+    monkeypatch.chdir(root)
+    seen = []
+    monkeypatch.setattr(CT2Translator, "translate",
+                        lambda self, sentences, *a, **k: seen.extend(self.tokenizer.prepare(sentences))
+                        or ["ein mann &apos;s hut ."] * len(sentences))
+    source = root / "source.en"
+    source.write_text("A MAN'S HAT.\n\nTwo dogs.\n")
+    translate.main(["--input", str(source), "--engine", "ctranslate2"])
+    assert capsys.readouterr().out == "ein mann 's hut.\n\nein mann 's hut.\n"
+    assert seen == ["a man &apos;s hat .", "two dogs ."]
+
+
+def test_a_raw_run_stores_no_text_form(workspace):
+    """The default form is stored nowhere: a raw run's token stats, checkpoints, averaged model and
+    reports are the bytes they were before text forms existed."""
+    root = workspace.path
+    assert set(json.loads((root / "data/tokens/stats.json").read_text())) == {"vocab_size", "splits", "model_from"}
+    for path in sorted((root / "models/checkpoints").glob("*.pt")):
+        checkpoint = load_checkpoint(path)
+        assert CHECKPOINT_KEY not in checkpoint and CHECKPOINT_KEY not in checkpoint["callbacks"], path
+    assert CHECKPOINT_KEY not in load_checkpoint(root / "models/model.pt")
+    tune = json.loads(workspace.first_outputs["reports/tune/scores.json"])
+    evaluate = json.loads(workspace.first_outputs["reports/evaluate/scores.json"])
+    assert "measure" not in tune and "measure" not in tune["chosen"]
+    assert not any("measure" in m for group in ("test", "dev") for m in evaluate[group].values())

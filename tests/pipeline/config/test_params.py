@@ -108,6 +108,9 @@ BAD = [
     (setter("tokenizer", "model_type", "wordpiece"), "tokenizer.model_type must be bpe or unigram, got 'wordpiece'"),
     (setter("tokenizer", "text_form", "lowercase"),
      "params.yaml: tokenizer.text_form must be one of raw, lc_norm_tok, got 'lowercase'"),
+    (lambda p: (p["tokenizer"].update(text_form="lc_norm_tok"), p["data"].update(test_sets=["test_2018_flickr"])),
+     "params.yaml: tokenizer.text_form lc_norm_tok is scored against the data set's lc.norm.tok references, and "
+     "multi30k has none for test_2018_flickr in de"),
     (setter("average", "last_n", 0), "average.last_n must be positive, got 0"),
     (setter("evaluate", "beam_size", 0), "evaluate.beam_size must be a positive integer, got 0"),
     (setter("evaluate", "alpha", -0.1), "evaluate.alpha must be a number >= 0, got -0.1"),

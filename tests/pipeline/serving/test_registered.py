@@ -171,6 +171,17 @@ def requirements(files: dict) -> list[str]:
     return (files["MLmodel"].parent / "requirements.txt").read_text().split()
 
 
+def test_the_gate_refuses_a_champion_of_another_text_form_before_translating(store, monkeypatch):
+    """A raw champion against a challenger of the literature's form: one GateError, nothing decoded."""
+    from pipeline.serving import engine
+
+    monkeypatch.setattr(engine, "load_engine_translator", lambda *a, **k: pytest.fail("translated anyway"))
+    with pytest.raises(gate.GateError, match=f"the champion \\({NAME} version 1\\) writes 'raw' text and the "
+                                             "challenger 'lc_norm_tok' text"):
+        gate.translate_with_version(store.client, NAME, "1", {"val": SOURCES}, None, None, max_len_b=12,
+                                    batch_sentences=64, tracking_uri=store.uri, comparable_with="lc_norm_tok")
+
+
 def test_a_version_registered_with_ctranslate2_decodes_with_its_export(store, tmp_path):
     files = gate.version_files(store.client, NAME, "4", tmp_path, store.uri)
     exported = files["MLmodel"].parent / "artifacts" / "ctranslate2"

@@ -199,3 +199,22 @@ def test_init_from_another_model_config_stops_with_one_line(workspace, tmp_path)
     assert done.stderr.strip().splitlines() == [
         "error: train.init_from: models/model.pt was trained with another model config: d_ff 64 (this model: 48)"]
     assert not list((copy / "models/checkpoints").glob("*.pt"))
+
+
+def test_fine_tuning_keeps_its_weights_text_form(tmp_path):
+    """train.init_from of the literature's form onto raw token stores (or the reverse) is one ParamsError
+    naming both forms, before any training; the same form passes."""
+    from pipeline.config.errors import ParamsError
+    from pipeline.stages.train import check_init_form
+    from pipeline.text.names import TextForm
+    from transformer.checkpoint import save_checkpoint
+
+    literature = TextForm("lc_norm_tok", "en", "de")
+    weights = tmp_path / "model.pt"
+    save_checkpoint(weights, {"model_config": {}, "model": {}, "text_form": literature.entry()})
+    check_init_form(str(weights), literature)
+    with pytest.raises(ParamsError) as err:
+        check_init_form(str(weights), TextForm())
+    assert str(err.value) == (f"params.yaml: train.init_from {weights} was trained on 'lc_norm_tok' text but the "
+                              "token stores hold 'raw' text (tokenizer.text_form): fine-tuning keeps its weights' "
+                              "form, set tokenizer.text_form to lc_norm_tok")

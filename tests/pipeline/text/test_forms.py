@@ -1,4 +1,4 @@
-"""pipeline/text/forms.py: the literature's form as upstream's scripts make it, streamed in chunks as a
+"""pipeline/text/forms.py and names.py: the literature's form as upstream's scripts make it, streamed in chunks as a
 whole; detokenized for readers; stored only where it is not raw; an unknown or damaged entry named;
 a tokenizer preparing what it encodes."""
 
@@ -8,7 +8,8 @@ import pytest
 
 from pipeline.scoring.literature_bleu import lc_norm_tok
 from pipeline.text import forms
-from pipeline.text.forms import TextForm, TextFormError, attach, from_entry, text_form_of
+from pipeline.text.forms import attach, for_reader, prepare, stream
+from pipeline.text.names import TextForm, TextFormError, from_entry, text_form_of
 from transformer.tokenizer import Tokenizer, train_tokenizer
 
 pytestmark = pytest.mark.fast
@@ -20,14 +21,14 @@ LINES = ["A man in a \u201cblue\u201d shirt.", "Two dogs' toys & a ball!", "It's
 def test_raw_changes_nothing_and_stores_nothing():
     raw = TextForm()
     assert raw.is_raw and not raw.literature and raw.entry() is None
-    assert raw.prepare(LINES, "en") == LINES and list(raw.stream(iter(LINES), "en")) == LINES
-    assert raw.for_reader(LINES) == LINES
+    assert prepare(raw, LINES, "en") == LINES and list(stream(raw, iter(LINES), "en")) == LINES
+    assert for_reader(raw, LINES) == LINES
     assert text_form_of({}) == raw and text_form_of({"callbacks": {}}) == raw
 
 
 def test_the_literature_form_is_upstreams_scripts_on_each_side():
-    assert LITERATURE.prepare(LINES, "en") == lc_norm_tok(LINES, "en")
-    assert LITERATURE.prepare(LINES, "en") == ['a man in a &quot; blue &quot; shirt .',
+    assert prepare(LITERATURE, LINES, "en") == lc_norm_tok(LINES, "en")
+    assert prepare(LITERATURE, LINES, "en") == ['a man in a &quot; blue &quot; shirt .',
                                                'two dogs &apos; toys &amp; a ball !',
                                                'it &apos;s 5 o &apos;clock ...']
     assert LITERATURE.entry() == {"name": "lc_norm_tok", "src_lang": "en", "tgt_lang": "de"}
@@ -36,12 +37,12 @@ def test_the_literature_form_is_upstreams_scripts_on_each_side():
 def test_a_stream_is_prepared_in_chunks_as_the_whole(monkeypatch):
     monkeypatch.setattr(forms, "CHUNK_LINES", 2)
     lines = LINES * 3 + ["Last."]   # 10 lines: chunks of 2, the last one full
-    assert list(LITERATURE.stream(iter(lines), "de")) == lc_norm_tok(lines, "de")
-    assert list(LITERATURE.stream(iter(lines[:7]), "de")) == lc_norm_tok(lines[:7], "de")   # a short last chunk
+    assert list(stream(LITERATURE, iter(lines), "de")) == lc_norm_tok(lines, "de")
+    assert list(stream(LITERATURE, iter(lines[:7]), "de")) == lc_norm_tok(lines[:7], "de")   # a short last chunk
 
 
 def test_readers_get_detokenized_unescaped_text():
-    assert LITERATURE.for_reader(["ein mann &apos;s hut , &quot; blau &quot; .", "a &amp; b ?"]) == [
+    assert for_reader(LITERATURE, ["ein mann &apos;s hut , &quot; blau &quot; .", "a &amp; b ?"]) == [
         "ein mann 's hut, \"blau\".", "a & b?"]
 
 
@@ -64,7 +65,7 @@ def test_a_training_checkpoint_names_it_under_its_callbacks():
 
 
 def test_an_attached_tokenizer_encodes_the_prepared_text(tmp_path):
-    corpus = LITERATURE.prepare(LINES * 40, "en")
+    corpus = prepare(LITERATURE, LINES * 40, "en")
     tokenizer = train_tokenizer(corpus, tmp_path / "spm.model", vocab_size=60)
     plain = tokenizer.encode(LINES)
     attach(tokenizer, LITERATURE)

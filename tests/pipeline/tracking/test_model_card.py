@@ -36,6 +36,22 @@ def test_the_literatures_bleu_has_its_own_column_and_tag():
     assert tags["bleu.test_2016_flickr"] == "37.99" and tags["bleu_lc_tok.test_2016_flickr"] == "38.40"
 
 
+def test_a_model_of_the_literatures_text_form_has_that_bleu_alone():
+    """Its BLEU is BLEU lc.tok of its output as written (pipeline.scoring.measure): no second column, no
+    sacreBLEU signature, and the casing limit says it reads and writes lowercase."""
+    written = "lowercased, Moses-tokenized, vs upstream lc.norm.tok references: as the model writes them"
+    metrics = {"test": {"test_2016_flickr": {"bleu": 41.3, "chrf": 66.0, "sentences": 1000, "signature": written,
+                                             "bleu_lc_tok": 41.3, "measure": "bleu_lc_tok"}},
+               "dev": {"val": {"bleu": 42.5, "chrf": 67.0, "bleu_lc_tok": 42.5, "measure": "bleu_lc_tok"}}}
+    card, tags = model_card("transformer-en-de", "5", fake_run(), metrics=metrics, decoding=DECODING,
+                            model_config=CONFIG)
+    assert "| test set | BLEU | chrF | sentences |\n|---|---:|---:|---:|\n| test_2016_flickr | 41.30 |" in card
+    assert f"- test_2016_flickr: BLEU lc.tok `{written}`" in card and "sacreBLEU `" not in card
+    assert "this model writes lowercased, Moses-tokenized text" in card and "reported only" not in card
+    assert "answers in lowercase, detokenized" in card and "never lowercased" not in card
+    assert tags["bleu_lc_tok.signature.test_2016_flickr"] == written and "sacrebleu.test_2016_flickr" not in tags
+
+
 def test_the_confidence_intervals_stand_beside_their_scores():
     """Both BLEUs with the half-widths of their 95% bootstrap intervals, and a line saying what ± is;
     the card without them (the test above, a version registered before) has no such line."""
