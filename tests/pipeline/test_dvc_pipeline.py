@@ -162,3 +162,21 @@ def test_a_failed_run_loses_nothing_dvc_checkout_restores_every_output(workspace
     status = subprocess.run([str(BIN / "dvc"), "status"], cwd=copy, env=env, capture_output=True, text=True,
                             timeout=300)
     assert "Data and pipelines are up to date" in status.stdout, status.stdout
+
+
+def test_a_raw_run_stores_no_text_form(workspace):
+    """The default form is stored nowhere: a raw run's token stats, checkpoints, averaged model and
+    reports are the bytes they were before text forms existed."""
+    from pipeline.text.names import CHECKPOINT_KEY
+    from transformer.checkpoint import load_checkpoint
+
+    root = workspace.path
+    assert set(json.loads((root / "data/tokens/stats.json").read_text())) == {"vocab_size", "splits", "model_from"}
+    for path in sorted((root / "models/checkpoints").glob("*.pt")):
+        checkpoint = load_checkpoint(path)
+        assert CHECKPOINT_KEY not in checkpoint and CHECKPOINT_KEY not in checkpoint["callbacks"], path
+    assert CHECKPOINT_KEY not in load_checkpoint(root / "models/model.pt")
+    tune = json.loads(workspace.first_outputs["reports/tune/scores.json"])
+    evaluate = json.loads(workspace.first_outputs["reports/evaluate/scores.json"])
+    assert "measure" not in tune and "measure" not in tune["chosen"]
+    assert not any("measure" in m for group in ("test", "dev") for m in evaluate[group].values())

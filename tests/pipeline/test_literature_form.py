@@ -145,17 +145,3 @@ def test_ctranslate2_the_server_and_the_translate_command_read_and_write_alike(l
     assert capsys.readouterr().out == "ein mann 's hut.\n\nein mann 's hut.\n"
     assert seen == ["a man &apos;s hat .", "two dogs ."]
 
-
-def test_a_raw_run_stores_no_text_form(workspace):
-    """The default form is stored nowhere: a raw run's token stats, checkpoints, averaged model and
-    reports are the bytes they were before text forms existed."""
-    root = workspace.path
-    assert set(json.loads((root / "data/tokens/stats.json").read_text())) == {"vocab_size", "splits", "model_from"}
-    for path in sorted((root / "models/checkpoints").glob("*.pt")):
-        checkpoint = load_checkpoint(path)
-        assert CHECKPOINT_KEY not in checkpoint and CHECKPOINT_KEY not in checkpoint["callbacks"], path
-    assert CHECKPOINT_KEY not in load_checkpoint(root / "models/model.pt")
-    tune = json.loads(workspace.first_outputs["reports/tune/scores.json"])
-    evaluate = json.loads(workspace.first_outputs["reports/evaluate/scores.json"])
-    assert "measure" not in tune and "measure" not in tune["chosen"]
-    assert not any("measure" in m for group in ("test", "dev") for m in evaluate[group].values())

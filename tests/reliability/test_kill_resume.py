@@ -238,6 +238,8 @@ def stage_workspace(root: Path, store: Path, experiment: str) -> tuple[Path, dic
     tokens.mkdir(parents=True)
     shutil.copytree(store, tokens / "train")
     shutil.copytree(store, tokens / params["data"]["valid_set"])
+    # What the tokenizer stage writes beside its stores (raw text: no text_form entry); the train stage reads it.
+    (tokens / "stats.json").write_text('{"vocab_size": 0, "splits": {}, "model_from": ""}')
     # The tokenizer that made the (synthetic) stores: the train stage reads only its sha256.
     tokenizer = root / "data" / "tokenizer" / "spm.model"
     tokenizer.parent.mkdir(parents=True)
