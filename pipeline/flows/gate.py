@@ -305,12 +305,13 @@ def translate_with_version(client: MlflowClient, name: str, version: str, source
             own = mlmodel_settings(files["MLmodel"])
         except SettingsNotRecorded as err:
             raise GateError(f"{name} version {version} {err}") from None
-        form = text_form_of(load_checkpoint(files["model"]), f"{name} version {version}")
+        checkpoint = load_checkpoint(files["model"])   # loaded once: its form, then its translator
+        form = text_form_of(checkpoint, f"{name} version {version}")
         if comparable_with is not None:
             check_comparable(form.name, comparable_with, name, version)
         decoding = own.replace(beam_size=beam_size, alpha=alpha, max_len_b=max_len_b,
                                batch_sentences=batch_sentences, precision=precision)
-        translator = load_engine_translator(files["model"], files["tokenizer"], decoding,
+        translator = load_engine_translator(checkpoint, files["tokenizer"], decoding,
                                             ct2_model=files.get("ctranslate2"),
                                             model_source=f"{name} version {version}")
         used = {key: getattr(translator.decoding, key) for key in TUNED}
