@@ -220,6 +220,20 @@ class Replicas:
 
 def test_a_burst_is_shared_out_between_free_replicas(translator):
     model = Replicas(translator)
+    # Each replica's first batch waits until the other's has begun: a thread scheduled late (a busy
+    # machine) would otherwise find the first already done and both free again (8, 4, 4). The split is
+    # the batcher's; the barrier only makes "both free when the burst came" hold on any machine.
+    both_began, decode, calls = threading.Barrier(2, timeout=30), model.translate_ids, []
+
+    def meets_the_other(ids, **settings):   # noqa: ANN001, ANN003, ANN202
+        calls.append(len(ids))
+        if len(calls) <= 2:
+            try:
+                both_began.wait()
+            except threading.BrokenBarrierError:   # no second batch: the split below says what happened
+                pass
+        return decode(ids, **settings)
+    model.translate_ids = meets_the_other
     batcher = Batcher(threads=1, workers=2)
     loop = asyncio.new_event_loop()
     try:
