@@ -6,7 +6,9 @@ Ranks by ``valid_bleu``: the validation BLEU of the averaged model with the deco
 on the validation set (the tune stage). Development data decides, test data reports: the test sets'
 BLEU and chrF are columns of the table, never the ranking; runs without the ranking metric come last.
 Where runs logged the literature's BLEU (``bleu_lc_tok``, Multi30k: lowercased, Moses-tokenized, against
-upstream's tokenized references), its validation and test figures are columns too, never ranking.
+upstream's tokenized references), its validation and test figures are columns too, never ranking; but
+where the runs trained on different text forms (``tokenizer.text_form``), ``valid_bleu`` is sacreBLEU for
+some and ``bleu_lc_tok`` for others, and the validation ``bleu_lc_tok`` ranks them all in one measure.
 Prints a markdown table, writes it to ``reports/compare.md`` and draws the runs' validation
 perplexity curves into ``reports/compare_valid.png``. Built on ``mlflow.search_runs`` and pandas.
 """
@@ -27,11 +29,13 @@ import pandas as pd  # noqa: E402
 
 from pipeline.config.params import load_params  # noqa: E402
 from pipeline.scoring.reports import LITERATURE_KEY, RANK_METRIC  # noqa: E402
+from pipeline.text.names import RAW  # noqa: E402
 from pipeline.tracking import store  # noqa: E402
 from transformer.atomic import atomic_write, write_text  # noqa: E402
 
 REPORT = Path("reports/compare.md")
 PLOT = Path("reports/compare_valid.png")
+TEXT_FORM_PARAM = "tokenizer.text_form"
 # Params that differ between every pair of runs and say nothing about the model.
 IGNORED_PARAMS = {"derived.train_target_tokens"}
 
@@ -49,6 +53,7 @@ def runs_table(experiment: str, metric: str = RANK_METRIC, test_sets: list[str] 
         return runs, []
     param_cols = [c for c in runs.columns if c.startswith("params.") and c[7:] not in IGNORED_PARAMS]
     differing = [c for c in param_cols if runs[c].fillna("∅").nunique() > 1]
+    metric = common_measure(runs, metric)
     metric_col = f"metrics.{metric}"
     if metric_col not in runs.columns:
         runs[metric_col] = float("nan")
@@ -79,6 +84,26 @@ def runs_table(experiment: str, metric: str = RANK_METRIC, test_sets: list[str] 
     for col in differing:
         table[col[len("params."):]] = runs[col]
     return table.reset_index(drop=True), [c[len("params."):] for c in differing]
+
+
+def text_forms(runs: pd.DataFrame) -> list[str]:
+    """The text forms (``tokenizer.text_form``) the runs trained on; a run from before the key, raw."""
+    column = f"params.{TEXT_FORM_PARAM}"
+    return sorted(set(runs[column].fillna(RAW))) if column in runs.columns else [RAW]
+
+
+def common_measure(runs: pd.DataFrame, metric: str) -> str:
+    """``metric``, unless it is ``valid_bleu`` and the runs trained on different text forms: then
+    ``valid_bleu`` is sacreBLEU for some and ``bleu_lc_tok`` for others (``pipeline.scoring.measure``),
+    and the validation ``bleu_lc_tok`` that every Multi30k run logs ranks them in one measure."""
+    if metric != RANK_METRIC or len(text_forms(runs)) < 2:
+        return metric
+    sets = logged_sets(runs, "dev", LITERATURE_KEY)
+    if len(sets) != 1:
+        raise ValueError(f"the runs trained on text forms {', '.join(text_forms(runs))}, so {RANK_METRIC} is not one "
+                         f"measure across them, and no single validation set has {LITERATURE_KEY} to rank by "
+                         f"(logged for: {', '.join(sets) or 'none'}); pass --metric dev/<set>/{LITERATURE_KEY}")
+    return f"dev/{sets[0]}/{LITERATURE_KEY}"
 
 
 def sweep_runs(experiment: str, sweep: str | None) -> pd.DataFrame:
@@ -181,15 +206,24 @@ def main() -> None:
     require_tracking_server()   # 401/403 or no answer: one line and exit 2, not a traceback
     params = load_params() if not args.experiment else None
     experiment = args.experiment or params.tracking.experiment
-    table, differing = runs_table(experiment, args.metric, params.data.test_sets if params else None, args.sweep)
+    try:
+        table, differing = runs_table(experiment, args.metric, params.data.test_sets if params else None, args.sweep)
+    except ValueError as err:   # runs of two text forms with no common validation measure
+        parser.exit(2, f"error: {err}\n")
     unfinished = unfinished_points(args.sweep) if args.sweep else []
     if table.empty and not unfinished:
         print(f"no runs in experiment {experiment!r}" + (f" of sweep {args.sweep!r}" if args.sweep else "")
               + f" at {store.tracking_uri()}", file=sys.stderr)
         sys.exit(1)
     which = f"Runs of sweep {args.sweep} in {experiment}" if args.sweep else f"Runs of {experiment}"
-    header = (f"# {which}, ranked by {args.metric} (validation); runs without it last\n\n"
-              f"The column `{ranking_column(args.metric)}` ranks. Test scores are shown, never used to rank.\n\n"
+    ranked = next((c for c in table.columns if c.endswith(" (ranks)")), ranking_column(args.metric))
+    metric = ranked.removesuffix(" (ranks)")
+    forms = (f"The runs trained on text forms {', '.join(sorted(set(table[TEXT_FORM_PARAM].fillna(RAW))))} "
+             f"(`{TEXT_FORM_PARAM}`): {RANK_METRIC} is sacreBLEU for raw text and {LITERATURE_KEY} for the "
+             f"literature's, so {metric}, which each logged, ranks them in one measure.\n\n"
+             if metric != args.metric else "")
+    header = (f"# {which}, ranked by {metric} (validation); runs without it last\n\n"
+              f"The column `{ranked}` ranks. Test scores are shown, never used to rank.\n\n" + forms +
               f"Params that differ between runs: {', '.join(differing) if differing else 'none'}\n\n")
     markdown = header + (markdown_table(table) if not table.empty else "(no run on the tracking server)") + "\n"
     if unfinished:

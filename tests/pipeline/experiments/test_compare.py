@@ -2,6 +2,7 @@
 params that differ between them."""
 
 import math
+import subprocess
 import sys
 
 import pandas as pd
@@ -95,3 +96,63 @@ def test_the_literatures_bleu_is_a_column_never_the_ranking(store):
     log_run(store, store.create_experiment("wmt14"), "wmt", {"valid_bleu": 10.0, "test/t1/bleu": 5.0}, "0.6")
     plain, _ = compare.runs_table("wmt14", test_sets=["t1"])
     assert not [c for c in plain.columns if "lc.tok" in c]
+
+
+def log_form_run(c: MlflowClient, experiment_id: str, name: str, metrics: dict[str, float],
+                 form: str | None) -> None:
+    run = c.create_run(experiment_id, run_name=name)
+    for key, value in metrics.items():
+        c.log_metric(run.info.run_id, key, value)
+    if form is not None:   # runs from before the key have no text form param: raw
+        c.log_param(run.info.run_id, compare.TEXT_FORM_PARAM, form)
+    c.set_terminated(run.info.run_id)
+
+
+def test_runs_of_two_text_forms_are_ranked_by_the_validation_bleu_lc_tok_each_logged(store):
+    """valid_bleu is sacreBLEU for a raw run and bleu_lc_tok for a run of the literature's text: across
+    forms the validation bleu_lc_tok ranks; within one form valid_bleu still does."""
+    exp = store.create_experiment("forms")
+    # The raw run's sacreBLEU (cased) is above the other's bleu_lc_tok; in bleu_lc_tok it is below.
+    log_form_run(store, exp, "raw", {"valid_bleu": 41.6, "dev/val/bleu_lc_tok": 41.2}, "raw")
+    log_form_run(store, exp, "lc", {"valid_bleu": 41.5, "dev/val/bleu_lc_tok": 41.5}, "lc_norm_tok")
+    log_form_run(store, exp, "old-raw", {"valid_bleu": 42.0}, None)   # no bleu_lc_tok logged: last
+    table, differing = compare.runs_table("forms")
+    assert table["name"].tolist() == ["lc", "raw", "old-raw"]
+    assert table["dev/val/bleu_lc_tok (ranks)"].tolist()[:2] == [41.5, 41.2]
+    assert "valid_bleu (ranks)" not in table.columns and compare.TEXT_FORM_PARAM in differing
+    same = store.create_experiment("one-form")
+    log_form_run(store, same, "a", {"valid_bleu": 30.0, "dev/val/bleu_lc_tok": 20.0}, "raw")
+    log_form_run(store, same, "b", {"valid_bleu": 25.0, "dev/val/bleu_lc_tok": 40.0}, None)
+    table, _ = compare.runs_table("one-form")
+    assert table["name"].tolist() == ["a", "b"] and "valid_bleu (ranks)" in table.columns
+    explicit, _ = compare.runs_table("forms", "valid_bleu_other")   # a metric asked for by name ranks as asked
+    assert "valid_bleu_other (ranks)" in explicit.columns
+    two_sets = store.create_experiment("two-sets")
+    log_form_run(store, two_sets, "raw", {"valid_bleu": 41.6, "dev/val/bleu_lc_tok": 41.2}, "raw")
+    log_form_run(store, two_sets, "lc", {"valid_bleu": 41.5, "dev/val2/bleu_lc_tok": 41.5}, "lc_norm_tok")
+    with pytest.raises(ValueError, match="pass --metric dev/<set>/bleu_lc_tok"):
+        compare.runs_table("two-sets")
+
+
+@pytest.mark.slow
+def test_the_command_says_why_runs_of_two_text_forms_are_ranked_by_bleu_lc_tok(store, tmp_path):
+    exp = store.create_experiment("forms-cli")
+    log_form_run(store, exp, "raw", {"valid_bleu": 41.6, "dev/val/bleu_lc_tok": 41.2}, "raw")
+    log_form_run(store, exp, "lc", {"valid_bleu": 41.5, "dev/val/bleu_lc_tok": 41.5}, "lc_norm_tok")
+    result = subprocess.run([sys.executable, "-m", "pipeline.experiments.compare", "--experiment", "forms-cli"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "ranked by dev/val/bleu_lc_tok (validation)" in result.stdout
+    assert ("The runs trained on text forms lc_norm_tok, raw (`tokenizer.text_form`): valid_bleu is sacreBLEU for "
+            "raw text and bleu_lc_tok for the literature's") in result.stdout
+    header, rows = markdown_rows((tmp_path / "reports/compare.md").read_text())
+    assert [row[header.index("name")] for row in rows] == ["lc", "raw"]
+    lc = store.create_experiment("forms-two-sets")
+    log_form_run(store, lc, "raw", {"valid_bleu": 41.6, "dev/val/bleu_lc_tok": 41.2}, "raw")
+    log_form_run(store, lc, "lc", {"valid_bleu": 41.5, "dev/val2/bleu_lc_tok": 41.5}, None)
+    log_form_run(store, lc, "lc2", {"valid_bleu": 41.5}, "lc_norm_tok")
+    refused = subprocess.run([sys.executable, "-m", "pipeline.experiments.compare", "--experiment", "forms-two-sets"],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and refused.stdout == "", refused.stdout
+    assert refused.stderr.startswith("error: the runs trained on text forms lc_norm_tok, raw")
+    assert refused.stderr.count("\n") == 1
