@@ -86,21 +86,22 @@ def runs_table(experiment: str, metric: str = RANK_METRIC, test_sets: list[str] 
     return table.reset_index(drop=True), [c[len("params."):] for c in differing]
 
 
-def text_forms(runs: pd.DataFrame) -> list[str]:
-    """The text forms (``tokenizer.text_form``) the runs trained on; a run from before the key, raw."""
-    column = f"params.{TEXT_FORM_PARAM}"
-    return sorted(set(runs[column].fillna(RAW))) if column in runs.columns else [RAW]
+def text_forms(column: pd.Series | None) -> list[str]:
+    """The text forms in a ``tokenizer.text_form`` column of runs; a run from before the key (or no
+    column at all), raw."""
+    return sorted(set(column.fillna(RAW))) if column is not None else [RAW]
 
 
 def common_measure(runs: pd.DataFrame, metric: str) -> str:
     """``metric``, unless it is ``valid_bleu`` and the runs trained on different text forms: then
     ``valid_bleu`` is sacreBLEU for some and ``bleu_lc_tok`` for others (``pipeline.scoring.measure``),
     and the validation ``bleu_lc_tok`` that every Multi30k run logs ranks them in one measure."""
-    if metric != RANK_METRIC or len(text_forms(runs)) < 2:
+    forms = text_forms(runs.get(f"params.{TEXT_FORM_PARAM}"))
+    if metric != RANK_METRIC or len(forms) < 2:
         return metric
     sets = logged_sets(runs, "dev", LITERATURE_KEY)
     if len(sets) != 1:
-        raise ValueError(f"the runs trained on text forms {', '.join(text_forms(runs))}, so {RANK_METRIC} is not one "
+        raise ValueError(f"the runs trained on text forms {', '.join(forms)}, so {RANK_METRIC} is not one "
                          f"measure across them, and no single validation set has {LITERATURE_KEY} to rank by "
                          f"(logged for: {', '.join(sets) or 'none'}); pass --metric dev/<set>/{LITERATURE_KEY}")
     return f"dev/{sets[0]}/{LITERATURE_KEY}"
@@ -218,7 +219,7 @@ def main() -> None:
     which = f"Runs of sweep {args.sweep} in {experiment}" if args.sweep else f"Runs of {experiment}"
     ranked = next((c for c in table.columns if c.endswith(" (ranks)")), ranking_column(args.metric))
     metric = ranked.removesuffix(" (ranks)")
-    forms = (f"The runs trained on text forms {', '.join(sorted(set(table[TEXT_FORM_PARAM].fillna(RAW))))} "
+    forms = (f"The runs trained on text forms {', '.join(text_forms(table.get(TEXT_FORM_PARAM)))} "
              f"(`{TEXT_FORM_PARAM}`): {RANK_METRIC} is sacreBLEU for raw text and {LITERATURE_KEY} for the "
              f"literature's, so {metric}, which each logged, ranks them in one measure.\n\n"
              if metric != args.metric else "")
