@@ -14,7 +14,11 @@ update's bookkeeping, the log window), on the same token store, for every varian
   the batches, hence the outputs) against one process of all threads; the C allocator:
   ``malloc_system`` (the process as started: glibc's malloc), ``malloc_glibc`` (glibc kept from
   returning memory, ``GLIBC_TUNABLES``), ``jemalloc`` (Debian's ``libjemalloc2`` preloaded; the bench
-  stops naming the package when it is missing).
+  stops naming the package when it is missing); ``rdrop5``: R-Drop at alpha 5 (the batch twice in one
+  forward, ``train.rdrop_alpha``), for what an R-Drop update costs against a plain one.
+
+``--rdrop-alpha A`` trains every variant with R-Drop (``theirs`` too: a revision whose trainer has
+``rdrop_alpha``), e.g. with ``--against`` for one R-Drop loss against another's.
 
 ``ours`` runs on the allocator the train stage chooses on this machine (``pipeline/stages/malloc.py``:
 tcmalloc where installed, else glibc tuned; ``PIPELINE_MALLOC`` as for the stage), ``theirs`` as its
@@ -28,7 +32,7 @@ with the machine named. Speeds are never asserted (tests/bench runs it at a tiny
 
     python bench/train_step.py [--against DIR] [--levers all|a,b] [--rounds 3] [--windows 4] [--log-every 10]
                                [--token-store DIR] [--preset default|small|base|big] [--threads N]
-                               [--precision auto] [--device auto|cpu|cuda]
+                               [--precision auto] [--device auto|cpu|cuda] [--rdrop-alpha A]
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LEVERS = ("prefetch0", "prefetch2", "processes2", "expandable", "compiled", "pad64", "malloc_system",
-          "malloc_glibc", "jemalloc")
+          "malloc_glibc", "jemalloc", "rdrop5")
 JEMALLOC, JEMALLOC_PACKAGE = "libjemalloc.so.2", "libjemalloc2"
 
 
@@ -141,7 +145,8 @@ def _train(rank: int, args: argparse.Namespace, init_method: str) -> None:
     config = TrainConfig(max_tokens=args.max_tokens // args.processes, warmup_steps=300, lr_scale=0.6,
                          max_steps=args.log_every * (args.windows + 1), log_every=args.log_every,
                          checkpoint_every_steps=0, precision=args.precision, device=args.device, seed=1,
-                         compile=args.compile, pad_multiple=args.pad_multiple)
+                         compile=args.compile, pad_multiple=args.pad_multiple,
+                         **({"rdrop_alpha": args.rdrop_alpha} if args.rdrop_alpha > 0 else {}))
     # -1: the trainer's default (a revision without the argument has none: it collates in the loop)
     extra = {"prefetch": args.prefetch} if args.prefetch >= 0 else {}
     trainer = Trainer(model, config, TokenStore(args.token_store), callbacks=[Speed()], **extra)
@@ -163,6 +168,7 @@ def run_variant(name: str, root: Path, args: argparse.Namespace, model_config: s
     if name.startswith("prefetch"):
         command += ["--prefetch", name[len("prefetch"):]]
     command += ["--compile"] if name == "compiled" else ["--pad-multiple", "64"] if name == "pad64" else []
+    command += ["--rdrop-alpha", "5" if name == "rdrop5" else str(args.rdrop_alpha)]
     env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1" if name == "processes2" else str(args.threads)}
     if name == "expandable":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
@@ -195,6 +201,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--rdrop-alpha", type=float, default=0.0, help="R-Drop's alpha for every variant (0: off)")
     args = parser.parse_args()
     levers = list(LEVERS) if args.levers == "all" else [lever for lever in args.levers.split(",") if lever]
     if unknown := set(levers) - set(LEVERS):
@@ -249,7 +256,8 @@ def main() -> None:
     machine = f"{torch.cuda.get_device_name()}, host {cpu_name()}" if gpu else cpu_name()
     print(f"machine: {machine}, {args.threads} threads, precision {args.precision}, preset {shape.preset} "
           f"(d_model {shape.d_model}, {shape.layers}+{shape.layers} layers), {args.max_tokens} tokens per update")
-    print(f"ours on the train stage's allocator: {ours_malloc.describe()}")
+    print(f"ours on the train stage's allocator: {ours_malloc.describe()}"
+          + (f"; every variant with R-Drop, alpha {args.rdrop_alpha:g}" if args.rdrop_alpha > 0 else ""))
     for name, value in median.items():
         where = f" ({variants[name]})" if name == "theirs" else ""
         print(f"{name:>11}{where}: {value:,.0f} target tokens/s (median of {len(rates[name])} windows)")

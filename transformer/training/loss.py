@@ -3,6 +3,7 @@ pre-softmax projection (§3.4) for training."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -54,7 +55,7 @@ def label_smoothed_cross_entropy(logits: Tensor, target: Tensor, pad_id: int, ep
 CHUNK_ELEMENTS = {"cpu": 1 << 21, "cuda": 1 << 26}
 
 
-def _compute_dtype(weight: Tensor) -> torch.dtype:
+def compute_dtype(weight: Tensor) -> torch.dtype:
     """The dtype autocast gives the output projection here: its dtype where autocast is on, else the weight's."""
     device_type = weight.device.type
     if torch.is_autocast_enabled(device_type):
@@ -69,9 +70,21 @@ def unpadded_rows(flat_target: Tensor, pad_id: int, n_tokens: int) -> Tensor:
     return torch.argsort(flat_target.eq(pad_id).to(torch.int8), stable=True)[:n_tokens]
 
 
+def target_rows(flat_target: Tensor, pad_id: int, n_tokens: int | None) -> Tensor:
+    """The positions of ``flat_target`` that are not ``pad_id``: ``nonzero``'s on CPU or where the
+    count is unknown, else ``unpadded_rows`` (no read-back from a GPU)."""
+    if n_tokens is None or flat_target.device.type == "cpu":
+        return flat_target.ne(pad_id).nonzero().squeeze(1)
+    return unpadded_rows(flat_target, pad_id, n_tokens)
+
+
+# What a chunked loss returns: (loss, nll, n_tokens, d loss / d hidden, d loss / d weight), the
+# gradients None where it was asked for none.
+ChunkedResult = tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]
+
+
 def _chunked_loss(hidden: Tensor, weight: Tensor, target: Tensor, pad_id: int, epsilon: float,
-                  dtype: torch.dtype, with_grads: bool,
-                  n_tokens: int | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
+                  dtype: torch.dtype, with_grads: bool, n_tokens: int | None = None) -> ChunkedResult:
     """(loss, nll, n_tokens, d loss / d hidden, d loss / d weight) of the rows ``target`` does not pad.
 
     The logits of ``chunk`` rows at a time, each made in ``dtype`` and read in float32 as the
@@ -81,10 +94,7 @@ def _chunked_loss(hidden: Tensor, weight: Tensor, target: Tensor, pad_id: int, e
     """
     flat_hidden = hidden.reshape(-1, hidden.size(-1))
     flat_target = target.reshape(-1)
-    if n_tokens is None or target.device.type == "cpu":
-        rows = flat_target.ne(pad_id).nonzero().squeeze(1)
-    else:
-        rows = unpadded_rows(flat_target, pad_id, n_tokens)
+    rows = target_rows(flat_target, pad_id, n_tokens)
     states = flat_hidden.index_select(0, rows).to(dtype)
     targets = flat_target.index_select(0, rows)
     w = weight.to(dtype)
@@ -111,24 +121,32 @@ def _chunked_loss(hidden: Tensor, weight: Tensor, target: Tensor, pad_id: int, e
             grad = grad.to(dtype)
             grad_states[start:start + chunk] = grad @ w
             grad_weight += (grad.t() @ h).float()
-    grad_hidden = None
-    if with_grads:
-        grad_hidden = torch.zeros(flat_hidden.shape, dtype=torch.float32, device=hidden.device)
-        grad_hidden.index_copy_(0, rows, grad_states.float())
-        grad_hidden = grad_hidden.view(hidden.shape).to(hidden.dtype)
-    count = torch.full((), rows.numel(), dtype=rows.dtype, device=rows.device)   # a fill, not a copy from the host
-    return loss, nll, count, grad_hidden, grad_weight
+    grad_hidden = spread_rows(grad_states, rows, hidden) if with_grads else None
+    return loss, nll, row_count(rows), grad_hidden, grad_weight
+
+
+def spread_rows(grad_states: Tensor, rows: Tensor, hidden: Tensor) -> Tensor:
+    """The gradients of the rows ``rows`` of the flattened ``hidden`` (one per row, in order) as a
+    gradient of all of ``hidden``: zero at the rows left out (padding), in ``hidden``'s dtype."""
+    grad_hidden = torch.zeros((hidden.numel() // hidden.size(-1), hidden.size(-1)), dtype=torch.float32,
+                              device=hidden.device)
+    grad_hidden.index_copy_(0, rows, grad_states.float())
+    return grad_hidden.view(hidden.shape).to(hidden.dtype)
+
+
+def row_count(rows: Tensor) -> Tensor:
+    """How many rows ``rows`` holds, as a tensor on its device: a fill, not a copy from the host."""
+    return torch.full((), rows.numel(), dtype=rows.dtype, device=rows.device)
 
 
 class _ProjectedLoss(torch.autograd.Function):
-    """The output projection and the label-smoothed loss as one autograd node whose gradients are
-    computed chunk by chunk in the forward pass (backward only scales them)."""
+    """The output projection and a loss as one autograd node whose gradients ``chunked`` computed
+    chunk by chunk in the forward pass (backward only scales them)."""
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, pad_id: int, epsilon: float,
-                dtype: torch.dtype, known_tokens: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        loss, nll, n_tokens, grad_hidden, grad_weight = _chunked_loss(
-            hidden, weight, target, pad_id, epsilon, dtype, with_grads=True, n_tokens=known_tokens)
+    def forward(ctx, hidden: Tensor, weight: Tensor, chunked: Callable[..., ChunkedResult],
+                arguments: dict) -> tuple[Tensor, Tensor, Tensor]:
+        loss, nll, n_tokens, grad_hidden, grad_weight = chunked(hidden, weight, with_grads=True, **arguments)
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.weight_dtype = weight.dtype
         ctx.mark_non_differentiable(nll, n_tokens)
@@ -138,7 +156,16 @@ class _ProjectedLoss(torch.autograd.Function):
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor, _grad_n: Tensor):
         grad_hidden, grad_weight = ctx.saved_tensors
         return (grad_hidden * grad_loss.to(grad_hidden.dtype), (grad_weight * grad_loss).to(ctx.weight_dtype),
-                None, None, None, None, None)
+                None, None)
+
+
+def projected_loss(chunked: Callable[..., ChunkedResult], hidden: Tensor, weight: Tensor, **arguments) -> LossOutput:
+    """``chunked(hidden, weight, with_grads=..., **arguments)`` as a loss: one autograd node where a
+    gradient is wanted, the sums alone under ``no_grad`` (validation)."""
+    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+        return LossOutput(*_ProjectedLoss.apply(hidden, weight, chunked, arguments))
+    loss, nll, count, _, _ = chunked(hidden, weight, with_grads=False, **arguments)
+    return LossOutput(loss, nll, count)
 
 
 def projected_label_smoothed_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, pad_id: int,
@@ -165,12 +192,8 @@ def projected_label_smoothed_cross_entropy(hidden: Tensor, weight: Tensor, targe
     Returns:
         float32 sums (loss, nll) and the count of non-pad target tokens, as ``label_smoothed_cross_entropy``.
     """
-    dtype = _compute_dtype(weight)
+    dtype = compute_dtype(weight)
     if dtype == torch.float16:
         return label_smoothed_cross_entropy(F.linear(hidden, weight), target, pad_id, epsilon)
-    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-        loss, nll, count = _ProjectedLoss.apply(hidden, weight, target, pad_id, epsilon, dtype, n_tokens)
-    else:
-        loss, nll, count, _, _ = _chunked_loss(hidden, weight, target, pad_id, epsilon, dtype, with_grads=False,
-                                               n_tokens=n_tokens)
-    return LossOutput(loss, nll, count)
+    return projected_loss(_chunked_loss, hidden, weight, target=target, pad_id=pad_id, epsilon=epsilon, dtype=dtype,
+                          n_tokens=n_tokens)

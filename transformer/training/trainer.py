@@ -34,7 +34,7 @@ from .checkpoint_files import checkpoint_name, list_checkpoints, prune, remove_u
 from .evaluation import evaluate_loss
 from .loss import LossOutput, projected_label_smoothed_cross_entropy
 from .prefetch import Prefetcher
-from .regularizers import drop_source_pieces, rdrop_loss
+from .regularizers import drop_source_pieces, projected_rdrop_loss
 from .resume import describe, newest_checkpoint, settings_changes, training_fingerprint
 from .schedule import make_optimizer, make_scheduler
 from .stopping import StopVote, agree, rank_and_world_size, stop_signals
@@ -441,8 +441,8 @@ class Trainer:
         if c.rdrop_alpha > 0:   # the batch twice in one forward: each copy gets its own dropout masks
             hidden = self.forward_model(torch.cat([src, src]), torch.cat([batch.tgt_in, batch.tgt_in]),
                                         project=False)
-            return rdrop_loss(hidden, self.model.output.weight, batch.tgt_out, self.pad_id, c.label_smoothing,
-                              c.rdrop_alpha)
+            return projected_rdrop_loss(hidden, self.model.output.weight, batch.tgt_out, self.pad_id,
+                                        c.label_smoothing, c.rdrop_alpha, n_tokens=batch.n_target_tokens)
         hidden = self.forward_model(src, batch.tgt_in, project=False)
         return projected_label_smoothed_cross_entropy(hidden, self.model.output.weight, batch.tgt_out, self.pad_id,
                                                       c.label_smoothing, n_tokens=batch.n_target_tokens)
