@@ -8,11 +8,17 @@ params.yaml with the recipe applied is checked first (one line naming the key, e
 stage's outputs before the stage could refuse a value), then ``dvc exp run -S section.key=value ...``
 runs the pipeline in the workspace: DVC writes the values into params.yaml and records them with the
 experiment, so the recipe's run is reproducible and comparable (``dvc exp show``) like any other.
+
+``dvc exp run`` first checks out the outputs ``dvc.lock`` records, by force: a training stopped before
+its end (a signal, ``train.max_minutes``) would lose its resume point. So the command refuses while
+``models/checkpoints`` holds checkpoints ``dvc.lock`` does not record (``dvc status``) and says how to
+continue (``dvc repro``: params.yaml already holds the recipe's values) or start afresh.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import subprocess
 import sys
@@ -21,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from pipeline.config import paths
 from pipeline.config.errors import ParamsError, exit_2_on
 from pipeline.config.loader import PARAMS, SECTION_NAMES, read_params
 from pipeline.config.overrides import dvc_executable, set_param
@@ -70,6 +77,27 @@ def exp_run_args(keys: dict[str, Any], raw: dict[str, Any]) -> list[str]:
     return args
 
 
+class UnfinishedTraining(RuntimeError):
+    """A resume point in the workspace that ``dvc exp run`` would delete."""
+
+
+def unrecorded_checkpoints(dvc: str) -> list[Path]:
+    """The checkpoints in ``models/checkpoints`` when ``dvc.lock`` records others or none (``dvc status``
+    of the train stage says the directory changed, not that it is missing): a training's resume point
+    that ``dvc exp run``'s forced checkout would delete. Empty where there is nothing to lose."""
+    checkpoints = sorted(paths.CHECKPOINT_DIR.glob("*.pt")) if paths.CHECKPOINT_DIR.is_dir() else []
+    if not checkpoints:
+        return []
+    result = subprocess.run([dvc, "status", "--json", "train"], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise ParamsError(f"dvc status train failed: {' '.join(result.stderr.split())[-300:]}")
+    status = json.loads(result.stdout or "{}")
+    for entry in status.get("train", []):
+        if isinstance(entry, dict) and str(paths.CHECKPOINT_DIR) in entry.get("changed outs", {}):
+            return checkpoints
+    return []
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("recipe", type=Path, help="a params file, e.g. params/wmt14_en_de_base.yaml")
@@ -81,10 +109,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.check:
         return
     command = [dvc_executable(), *exp_run_args(keys, read_params(PARAMS))]
+    if unfinished := unrecorded_checkpoints(command[0]):
+        raise UnfinishedTraining(
+            f"{paths.CHECKPOINT_DIR} holds a training dvc.lock does not record (newest: {unfinished[-1].name}), "
+            f"which dvc exp run would delete (it checks out dvc.lock's outputs first). To continue it: dvc repro "
+            f"(params.yaml holds the values it ran with); to run {args.recipe} afresh: remove "
+            f"{paths.CHECKPOINT_DIR} first")
     print("$ dvc " + shlex.join(command[1:]), flush=True)
     if not args.dry_run:
         sys.exit(subprocess.run(command).returncode)
 
 
 if __name__ == "__main__":
-    exit_2_on((ParamsError,), main)
+    exit_2_on((ParamsError, UnfinishedTraining), main)

@@ -82,3 +82,35 @@ def test_the_command_checks_then_exits_2_on_a_bad_recipe(workspace):
                             cwd=workspace, capture_output=True, text=True, env={"PYTHONPATH": str(REPO)})
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "$ dvc exp run -S train.max_steps=400"
+
+
+def test_a_stopped_training_is_not_handed_to_dvc_exp_run(workspace):
+    """``dvc exp run`` checks out dvc.lock's outputs by force before it runs: checkpoints dvc.lock does
+    not record (a training stopped by a signal, its resume point) would be deleted. The command
+    refuses in one line, exit 2, the checkpoints untouched; recorded ones, or none, go through."""
+    dvc = str(BIN / "dvc")
+    for command in (["git", "init", "-q"], [dvc, "init", "-q"]):
+        subprocess.run(command, cwd=workspace, check=True, capture_output=True)
+    checkpoints = workspace / "models/checkpoints"
+    (workspace / "dvc.yaml").write_text(
+        "stages:\n  train:\n    cmd: mkdir -p models/checkpoints && echo 10 > models/checkpoints/step_00000010.pt\n"
+        "    outs:\n      - models/checkpoints:\n          persist: true\n")
+    subprocess.run([dvc, "repro", "-q"], cwd=workspace, check=True, capture_output=True)
+    (workspace / "params/ok.yaml").write_text("train:\n  max_steps: 400\n")
+
+    def recipe() -> subprocess.CompletedProcess:
+        return subprocess.run([str(BIN / "python"), "-m", "pipeline.config.recipe", "params/ok.yaml", "--dry-run"],
+                              cwd=workspace, capture_output=True, text=True, env={"PYTHONPATH": str(REPO)})
+
+    recorded = recipe()
+    assert recorded.returncode == 0 and recorded.stdout.splitlines()[-1] == "$ dvc exp run -S train.max_steps=400"
+    (checkpoints / "step_00000020.pt").write_text("20")   # the training went on, then stopped
+    stopped = recipe()
+    assert stopped.returncode == 2 and stopped.stdout.splitlines()[-1].startswith("params.yaml with params/ok.yaml")
+    assert stopped.stderr.strip() == (
+        "error: models/checkpoints holds a training dvc.lock does not record (newest: step_00000020.pt), which dvc "
+        "exp run would delete (it checks out dvc.lock's outputs first). To continue it: dvc repro (params.yaml holds "
+        "the values it ran with); to run params/ok.yaml afresh: remove models/checkpoints first")
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step_00000010.pt", "step_00000020.pt"]
+    shutil.rmtree(checkpoints)
+    assert recipe().returncode == 0   # nothing to lose
