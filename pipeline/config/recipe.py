@@ -78,7 +78,7 @@ def exp_run_args(keys: dict[str, Any], raw: dict[str, Any]) -> list[str]:
 
 
 class UnfinishedTraining(RuntimeError):
-    """A resume point in the workspace that ``dvc exp run`` would delete."""
+    """A resume point in the workspace that ``dvc exp run`` would delete, or no answer from ``dvc status``."""
 
 
 def unrecorded_checkpoints(dvc: str) -> list[Path]:
@@ -90,7 +90,7 @@ def unrecorded_checkpoints(dvc: str) -> list[Path]:
         return []
     result = subprocess.run([dvc, "status", "--json", "train"], capture_output=True, text=True)
     if result.returncode != 0:
-        raise ParamsError(f"dvc status train failed: {' '.join(result.stderr.split())[-300:]}")
+        raise UnfinishedTraining(f"dvc status train failed: {' '.join(result.stderr.split())[-300:]}")
     status = json.loads(result.stdout or "{}")
     for entry in status.get("train", []):
         if isinstance(entry, dict) and str(paths.CHECKPOINT_DIR) in entry.get("changed outs", {}):
