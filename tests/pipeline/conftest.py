@@ -64,8 +64,21 @@ class Workspace:
         return self.env["MLFLOW_TRACKING_URI"]
 
 
+# For the tests about orchestration, tracking and storage, not decoding: tune tries one point per engine
+# on the first 50 validation sentences and evaluate writes at most 4 pieces past each source (a tiny
+# pipeline's tune and evaluate then take ~17 s of one core instead of ~31; they are still the real stages).
+ONE_POINT_DECODING = {"tune": {**TINY["tune"], "beam_sizes": [1], "alphas": [0.6], "stoppings": ["fairseq"],
+                               "ct2_alphas": [0.6], "max_sentences": 50},
+                      "evaluate": {**TINY["evaluate"], "max_len_b": 4, "batch_sentences": 512}}
+
+
 def tiny_params(overrides: dict | None = None) -> dict:
     return params_with({**TINY, **(overrides or {})})
+
+
+def orchestration_params(overrides: dict | None = None) -> dict:
+    """The tiny params with ``ONE_POINT_DECODING``, and ``overrides`` (whole sections) on top."""
+    return tiny_params({**ONE_POINT_DECODING, **(overrides or {})})
 
 
 def session_params() -> dict:

@@ -19,7 +19,7 @@ from pipeline.flows import finetune, gate
 from pipeline.flows.gate import Systems, promote_if_better
 from pipeline.tracking.store import CHAMPION_ALIAS
 
-from .conftest import MIRROR, make_workspace, needs_mirror, tiny_params
+from .conftest import MIRROR, ONE_POINT_DECODING, make_workspace, needs_mirror, tiny_params
 
 pytestmark = pytest.mark.fast
 
@@ -89,7 +89,9 @@ def ws(tmp_path_factory, prefect_api):
     """A tiny git+DVC workspace whose environment (MLflow store, data mirror) is this process's."""
     if not (MIRROR / "data/task1/raw/train.en.gz").is_file():
         pytest.skip(f"the Multi30k mirror is not at {MIRROR}")
-    root, env = make_workspace(tmp_path_factory.mktemp("flows") / "repo", tiny_params({"flows": FLOWS}))
+    # Tune's one point (the flows run it, they do not judge it); evaluate's own settings, which the gate repeats.
+    params = tiny_params({"flows": FLOWS, "tune": ONE_POINT_DECODING["tune"]})
+    root, env = make_workspace(tmp_path_factory.mktemp("flows") / "repo", params)
     with pytest.MonkeyPatch.context() as mp:
         for key in [k for k in os.environ if k not in env]:
             mp.delenv(key)
@@ -563,7 +565,10 @@ def test_the_server_scheduler_turns_the_schedule_into_runs(prefect_api, tmp_path
     deployment_id = serving.retraining_deployment(tmp_path, flows).apply()
 
     async def schedule():
-        async with provide_database_interface().session_context(begin_transaction=True) as session:
+        # BEGIN IMMEDIATE (SQLite's write lock first, waited for): a deferred transaction that read before the
+        # harness's server wrote cannot upgrade to a write and fails at once with "database is locked".
+        async with provide_database_interface().session_context(begin_transaction=True,
+                                                                with_for_update=True) as session:
             return await schedule_runs(session, deployment_id=deployment_id)
 
     assert asyncio.run(schedule())

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from ..pipeline.conftest import TINY, make_workspace, tiny_params
+from ..pipeline.conftest import TINY, make_workspace, orchestration_params
 from . import hosts
 from .conftest import PYTHON, Stack, running_stack
 from .test_two_machines import Machine, sourced
@@ -73,11 +73,11 @@ class SweepTeam:
 
 @contextmanager
 def sweep_team(tmp: Path, host_names: tuple[str, ...], grid: dict[str, list[Any]], train: dict[str, Any],
-               tracking: dict[str, str], sections: dict[str, dict[str, Any]] | None = None) -> Iterator[SweepTeam]:
+               tracking: dict[str, str]) -> Iterator[SweepTeam]:
     """The team, with ``params/sweep.yaml`` holding ``grid`` (no proxy overrides) and the tiny
-    params with ``train``, ``tracking`` and whole ``sections`` on top."""
+    params of one decoding point (``orchestration_params``) with ``train`` and ``tracking`` on top."""
     with hosts.Network(host_names) as network, running_stack(network.server_address) as stack:
-        params = tiny_params({"train": {**TINY["train"], **train}, "tracking": tracking, **(sections or {})})
+        params = orchestration_params({"train": {**TINY["train"], **train}, "tracking": tracking})
         root, env = make_workspace(tmp / "first" / "repo", params)
         env.pop("MLFLOW_TRACKING_URI")
         (root / "params").mkdir()

@@ -18,7 +18,7 @@ from pipeline.stack.postgres import Postgres
 from pipeline.stack.processes import stop_pid
 from pipeline.stack.secrets import load_or_create
 
-from ..pipeline.conftest import MIRROR, make_workspace, tiny_params
+from ..pipeline.conftest import MIRROR, make_workspace, orchestration_params
 from .conftest import PYTHON, Stack, server_client
 from .test_two_machines import Machine, sourced
 
@@ -58,7 +58,7 @@ def needs_mirror():
 
 
 def test_s3_store_stopped_during_push_loses_nothing_and_the_next_push_completes(stack, tmp_path):
-    m = machine(stack, tmp_path / "repo", tiny_params())
+    m = machine(stack, tmp_path / "repo", orchestration_params())
     blobs = m.path / "blobs"
     blobs.mkdir()
     for i in range(300):
@@ -112,7 +112,8 @@ def test_postgres_restarted_under_the_mlflow_server(stack, monkeypatch):
 
 
 def test_wrong_or_missing_credentials_are_one_clear_error_and_nothing_is_written(stack, tmp_path, monkeypatch):
-    m = machine(stack, tmp_path / "repo", tiny_params({"tracking": {"experiment": "creds", "registered_model": "c"}}))
+    params = orchestration_params({"tracking": {"experiment": "creds", "registered_model": "c"}})
+    m = machine(stack, tmp_path / "repo", params)
     client = client_for(m, monkeypatch)
     experiments = len(client.search_experiments())
     for env in ({**m.env, "MLFLOW_TRACKING_PASSWORD": "wrong"},

@@ -28,7 +28,7 @@ from pipeline.stack.groups import read_record
 from pipeline.stack.processes import stop_pid
 from transformer.atomic import file_sha256
 
-from ..pipeline.conftest import BIN, tiny_params
+from ..pipeline.conftest import BIN, orchestration_params
 from .conftest import PYTHON, REPO, Stack
 from .test_faults import client_for, machine, needs_mirror, restart  # noqa: F401 (a fixture)
 from .test_two_machines import Machine
@@ -91,10 +91,7 @@ def family(client, run_id: str) -> set[str]:
 
 @pytest.mark.usefixtures("needs_mirror")
 def test_server_killed_during_training_loses_no_registration(stack, tmp_path, monkeypatch):
-    # One grid point of each engine on 200 validation sentences: the test is about tracking.
-    params = tiny_params({"tracking": {"experiment": "faults-tracking", "registered_model": MODEL},
-                          "tune": {"beam_sizes": [2], "alphas": [0.6], "stoppings": ["fairseq"],
-                                   "ct2_alphas": [0.6], "max_sentences": 200}})
+    params = orchestration_params({"tracking": {"experiment": "faults-tracking", "registered_model": MODEL}})
     m = machine(stack, tmp_path / "repo", params)
     m.env["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"   # a server away fails each request at once
     repro(m, "tokenizer")

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from ..pipeline.conftest import BIN, MIRROR, make_workspace, tiny_params
+from ..pipeline.conftest import BIN, MIRROR, make_workspace, orchestration_params
 from .conftest import PYTHON, Stack, server_client
 
 pytestmark = pytest.mark.service
@@ -56,7 +56,7 @@ def experiment_runs(client: MlflowClient) -> list[str]:
 def machines(stack: Stack, tmp_path_factory) -> tuple[Machine, Machine]:
     if not (MIRROR / "data/task1/raw/train.en.gz").is_file():
         pytest.skip(f"the Multi30k mirror is not at {MIRROR}")
-    params = tiny_params({"tracking": {"experiment": EXPERIMENT, "registered_model": MODEL}})
+    params = orchestration_params({"tracking": {"experiment": EXPERIMENT, "registered_model": MODEL}})
     root, env = make_workspace(tmp_path_factory.mktemp("first") / "repo", params)
     env.pop("MLFLOW_TRACKING_URI")   # the stack's env file names the server
     first = Machine(root, sourced(stack.directory / "env", env))

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from ..pipeline.conftest import BIN, MIRROR, TINY, make_workspace, tiny_params
+from ..pipeline.conftest import BIN, MIRROR, TINY, make_workspace, orchestration_params
 from . import hosts
 from .conftest import PYTHON, Stack, running_stack, server_client, skip_without_second_hosts
 from .test_two_machines import Machine, sourced
@@ -139,8 +139,8 @@ def team(tmp_path_factory) -> Iterator[Team]:
     skip_without_second_hosts()
     tmp = tmp_path_factory.mktemp("worker")
     with hosts.Network(("worker-a",)) as network, running_stack(network.server_address) as stack:
-        params = tiny_params({"train": {**TINY["train"], **TRAIN},
-                              "tracking": {"experiment": EXPERIMENT, "registered_model": MODEL}})
+        params = orchestration_params({"train": {**TINY["train"], **TRAIN},
+                                       "tracking": {"experiment": EXPERIMENT, "registered_model": MODEL}})
         root, env = make_workspace(tmp / "first" / "repo", params)
         env.pop("MLFLOW_TRACKING_URI")
         first, commit = made_and_pushed(Machine(root, sourced(stack.directory / "env", env)), "tokenizer")
