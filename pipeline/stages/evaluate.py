@@ -52,7 +52,6 @@ from pipeline.config.loader import Sections, load_sections
 from pipeline.config.tracking import TrackingParams
 from pipeline.data.references import tokenized_references
 from pipeline.data.text_files import read_lines
-from pipeline.figures.attention_plots import plot_attention
 from pipeline.scoring.literature_bleu import literature_score
 from pipeline.scoring.measure import scorer_for
 from pipeline.scoring.paper_bleu import bleu_tok_compound_split
@@ -118,6 +117,9 @@ def draw_attention(translator: AnyTranslator, ours: Translator, sources: list[st
                    out_dir: Path) -> list[Path]:
     """Heatmaps of the first ``count`` test sentences (fixed, so runs compare): ``translator``'s
     translation (the chosen engine's) with our model's attention over it (teacher-forced, ``ours``)."""
+    # Imported here: matplotlib costs ~2.6 s of every evaluate process, needed only when maps are drawn.
+    from pipeline.figures.attention_plots import plot_attention
+
     written = []
     tok = translator.tokenizer
     for i, source in enumerate(sources[:count]):

@@ -116,13 +116,19 @@ def _chunked_loss(hidden: Tensor, weight: Tensor, target: Tensor, pad_id: int, e
         if with_grads:
             # Clamped: exp takes a slow path (15x on this CPU) for arguments below about -87, which
             # log-probabilities under untrained tied embeddings reach at V 8000; e^-80 is 1.8e-35.
-            grad = lprobs.clamp_(min=-80.0).exp_().sub_(epsilon / vocab)
-            grad.scatter_add_(1, y, grad.new_full(y.shape, -(1.0 - epsilon)))
-            grad = grad.to(dtype)
+            grad = minus_smoothed_target_(lprobs.clamp_(min=-80.0).exp_(), y, epsilon).to(dtype)
             grad_states[start:start + chunk] = grad @ w
             grad_weight += (grad.t() @ h).float()
     grad_hidden = spread_rows(grad_states, rows, hidden) if with_grads else None
     return loss, nll, row_count(rows), grad_hidden, grad_weight
+
+
+def minus_smoothed_target_(grad: Tensor, y: Tensor, epsilon: float) -> Tensor:
+    """``grad`` (rows of probabilities, or of a gradient that holds them) minus label smoothing's
+    target (§5.4): (1 - eps) at each row's ``y`` and eps / V everywhere; in place. With ``grad`` = p,
+    the cross-entropy's gradient with respect to the logits."""
+    grad.sub_(epsilon / grad.size(-1))
+    return grad.scatter_add_(1, y, grad.new_full(y.shape, -(1.0 - epsilon)))
 
 
 def spread_rows(grad_states: Tensor, rows: Tensor, hidden: Tensor) -> Tensor:

@@ -16,6 +16,7 @@ from .loss import (
     ChunkedResult,
     LossOutput,
     compute_dtype,
+    minus_smoothed_target_,
     projected_loss,
     row_count,
     spread_rows,
@@ -106,17 +107,15 @@ def _chunked_rdrop(hidden: Tensor, weight: Tensor, target: Tensor, pad_id: int, 
         # Clamped before exp as in the plain loss (its slow path below about -87); e^-80 is 1.8e-35.
         p1, p2 = lp1.clamp(min=-80.0).exp(), lp2.clamp(min=-80.0).exp()
         d = lp1.sub_(lp2)   # lp1 and lp2 are not read again
-        p_diff = p1 - p2
-        kl += (p_diff * d).sum()
+        e1, e2 = (p1 * d).sum(-1, keepdim=True), (p2 * d).sum(-1, keepdim=True)   # E_p1[d], E_p2[d]
+        kl += (e1 - e2).sum()   # sum((p1 - p2) d)
         if with_grads:
-            g1 = d - (p1 * d).sum(-1, keepdim=True)
-            g1.mul_(p1).add_(p_diff).mul_(alpha / 2)
-            g2 = d - (p2 * d).sum(-1, keepdim=True)
-            g2.mul_(p2).add_(p_diff).mul_(-alpha / 2)
-            # The cross-entropy's: p minus (1 - eps) on the target and eps / V everywhere.
-            g1.add_(p1).sub_(epsilon / vocab).scatter_add_(1, y, y.new_full(y.shape, -(1.0 - epsilon), dtype=g1.dtype))
-            g2.add_(p2).sub_(epsilon / vocab).scatter_add_(1, y, y.new_full(y.shape, -(1.0 - epsilon), dtype=g2.dtype))
-            g1, g2 = g1.to(dtype), g2.to(dtype)
+            p_diff = p1 - p2
+            g1 = (d - e1).mul_(p1).add_(p_diff).mul_(alpha / 2)
+            g2 = (d - e2).mul_(p2).add_(p_diff).mul_(-alpha / 2)
+            # Plus the cross-entropy's, as without R-Drop.
+            g1 = minus_smoothed_target_(g1.add_(p1), y, epsilon).to(dtype)
+            g2 = minus_smoothed_target_(g2.add_(p2), y, epsilon).to(dtype)
             end = start + h1.size(0)
             grad_states[start:end] = g1 @ w
             grad_states[n_rows + start:n_rows + end] = g2 @ w
