@@ -110,8 +110,8 @@ def store(tmp_path_factory) -> Store:
     evaluate stage registers a model whose tune stage chose CTranslate2 (``WITH_CT2``), with the
     export (from a folder of another name: the version's is ``ctranslate2`` whatever its source's)."""
     root, uri, run_id, model_file, tokenizer_file = registered_in_temp_store(tmp_path_factory, "registered")
-    signature = infer_signature(pd.DataFrame({"text": ["A man."]}), ["Ein Mann."], params={"beam_size": 3,
-                                                                                          "alpha": 1.0})
+    example = pd.DataFrame({"text": ["A man."]})     # versions carried an input example from the first
+    signature = infer_signature(example, ["Ein Mann."], params={"beam_size": 3, "alpha": 1.0})
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MLFLOW_TRACKING_URI", uri)
         mp.chdir(root)
@@ -120,7 +120,8 @@ def store(tmp_path_factory) -> Store:
             with mlflow.start_run(run_id=run_id):
                 info = mlflow.pyfunc.log_model(name="old-translator", python_model=TranslatorModel(),
                                                artifacts={"model": str(model_file), "tokenizer": str(tokenizer_file)},
-                                               signature=signature, registered_model_name=NAME)
+                                               signature=signature, input_example=example,
+                                               registered_model_name=NAME)
             ct2_model = export_ctranslate2(load_model(model_file), tokenizer_file, root / "export-of-model")
             version = log_translator(run_id, model_file, tokenizer_file, NAME,
                                      {k: getattr(WITH_CT2, k) for k in ("beam_size", "alpha", "stopping", "engine",
