@@ -18,13 +18,19 @@ of ``SHARED`` go to the same worker, so that fixture is built once per run and n
 (the pipeline workspace is a whole ``dvc repro``). The units of work go out longest first, as their
 tiers estimate (``TIER_SECONDS``): a long module handed out last runs alone at the end while the
 other worker idles, and xdist's own order (most tests first) put the long service modules, which
-have few tests, last."""
+have few tests, last.
+
+Interrupts. A SIGTERM (a CI job's timeout, ``kill -- -PGID``) ends a worker's session as Ctrl-C does
+(``pytest_configure``), so its fixtures still stop the servers they started, by their recorded PIDs;
+without it a killed run left PostgreSQL, MLflow, Prefect and the S3 store running."""
 
 from __future__ import annotations
 
 import ast
 import functools
 import os
+import signal
+import threading
 from collections import defaultdict
 from pathlib import Path
 
@@ -85,6 +91,19 @@ def _mlflow_uris_stay_in_their_module():
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGTERM raises ``KeyboardInterrupt`` in a session that runs tests (an xdist worker, or a run
+    without workers), whose teardown then runs the fixtures' finalizers. Not in an xdist controller:
+    interrupted, it waits on workers already gone and hangs; left to SIGTERM's default it just ends."""
+    controller = config.getoption("dist", "no") != "no" and not hasattr(config, "workerinput")
+    if not controller and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
 
 
 def module_tiers(module: object) -> set[str]:
