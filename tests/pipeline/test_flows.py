@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import random
-from datetime import UTC
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -79,6 +81,19 @@ def task_runs(name: str) -> list:
 
     with prefect_client() as client:
         return client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=[name])))
+
+
+def recorded_task_runs(name: str, done: Callable[[list], bool], timeout_s: float = 30.0) -> list:
+    """``task_runs(name)`` once ``done`` holds for them (or ``timeout_s`` has passed): the server records
+    a task run's states from the events its engine emits (Prefect's TaskRunRecorder), so the last state
+    can reach the API after the flow has returned."""
+    from prefect.events.worker import EventsWorker
+
+    EventsWorker.drain_all()
+    deadline = time.monotonic() + timeout_s
+    while not done(runs := task_runs(name)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return runs
 
 
 # ----------------------------------------------------------------------------- the real pipeline
@@ -197,7 +212,8 @@ def test_failing_stage_fails_the_flow_and_promotes_nothing(first_retraining, ws)
         state = retraining(workdir=str(ws), return_state=True)
         assert state.is_failed()
         assert (incoming / "bad.en.dvc").is_file() and (incoming / "bad.de.dvc").is_file()   # versioned first
-        (failed,) = [t for t in task_runs("dvc repro download") if t.state.is_failed()]
+        runs = recorded_task_runs("dvc repro download", lambda runs: any(t.state.is_failed() for t in runs))
+        (failed,) = [t for t in runs if t.state.is_failed()]
         assert failed.run_count == 1   # exit 2 is a user error: not retried
         error = "error: misaligned corpus: data/incoming/bad.en has 3 lines but data/incoming/bad.de has 2"
         assert error in run_logs(task_run_id=failed.id)          # the stage's stderr, streamed
@@ -276,6 +292,7 @@ def test_finetune_retraining_starts_from_the_champion_with_its_tokenizer(first_r
     (incoming / "more.en").write_text("\n".join(src) + "\n")
     (incoming / "more.de").write_text("\n".join(tgt) + "\n")
     try:
+        started = datetime.now(UTC)
         state = retraining(workdir=str(ws), return_state=True)
         assert state.is_completed(), state.message
         summary = state.result()
@@ -310,7 +327,10 @@ def test_finetune_retraining_starts_from_the_champion_with_its_tokenizer(first_r
         challenger_loss = {m.step: m.value for m in client.get_metric_history(challenger.run_id, "train/loss")}
         assert champion_loss[40] - 0.15 < challenger_loss[10] < (champion_loss[10] + champion_loss[40]) / 2
         # one "dvc exp run" task (in the training-pipeline subflow) ran the stages with the init params
-        experiment = max((t for t in task_runs("dvc exp run") if t.state.is_completed()), key=lambda t: t.start_time)
+        runs = recorded_task_runs("dvc exp run", lambda runs: any(t.state.is_completed() and t.start_time >= started
+                                                                  for t in runs))
+        experiment = max((t for t in runs if t.state.is_completed()), key=lambda t: t.start_time)
+        assert experiment.start_time >= started
         logs = run_logs(task_run_id=experiment.id)
         assert f"$ dvc exp run -S train.init_from={plan['init_from']} -S tokenizer.model_from={plan['model_from']}" \
             in logs[0]
