@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.stack.processes import pid_alive
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,14 +42,6 @@ def test_waits(server):
 '''
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return not Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
-
-
 def started_servers(folder: Path, count: int, run: subprocess.Popen) -> list[int]:
     """The PIDs the session fixtures recorded, once ``count`` of them have (within a minute)."""
     deadline = time.monotonic() + 60
@@ -69,14 +63,14 @@ def test_sigterm_to_the_run_stops_what_its_fixtures_started(tmp_path, xdist):
     servers: list[int] = []
     try:
         servers = started_servers(tmp_path, 2 if "-n" in xdist else 1, run)
-        assert all(alive(pid) for pid in servers)
+        assert all(pid_alive(pid, "sleep 600") for pid in servers)
         os.killpg(run.pid, signal.SIGTERM)
         output = run.communicate(timeout=60)[0]
         assert run.returncode != 0, output     # an xdist controller ends by the signal itself (-15)
-        assert [pid for pid in servers if alive(pid)] == []
+        assert [pid for pid in servers if pid_alive(pid, "sleep 600")] == []
     finally:
         for pid in servers:              # only on failure: what the run left behind
-            if alive(pid):
+            if pid_alive(pid, "sleep 600"):
                 os.kill(pid, signal.SIGKILL)
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
