@@ -132,6 +132,12 @@ def commit() -> str:
     return head.stdout.strip() + (" (with uncommitted changes)" if dirty else "")
 
 
+def data_mirror() -> Path:
+    """The Multi30k mirror, absolute: the stages run in a scratch folder, where a relative
+    ``DATA_MIRROR`` (as the README writes it) would name nothing."""
+    return Path(os.environ.get("DATA_MIRROR") or DEFAULT_MIRROR).resolve()
+
+
 def size_of(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
@@ -144,7 +150,7 @@ def main() -> None:
     parser.add_argument("--multi30k-pairs", type=int, default=0,
                         help="Multi30k training pairs (0 = all, as the default run)")
     args = parser.parse_args()
-    mirror = Path(os.environ.get("DATA_MIRROR") or DEFAULT_MIRROR)
+    mirror = data_mirror()
     if not (mirror / "data/task1/raw/train.en.gz").is_file():
         parser.exit(2, f"error: no Multi30k mirror at {mirror} (set DATA_MIRROR)\n")
     out = args.out.resolve()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.gpu import recipes
+from bench.gpu import prepare, recipes
 from pipeline.config.params import load_params
 from tests.bench import ROOT, run_bench
 from transformer.training.token_store import write_token_store
@@ -117,6 +117,16 @@ def test_a_skipped_gpu_test_fails_where_the_campaign_requires_the_gpu(tmp_path):
         pytest.skip("a GPU is here: nothing is skipped")
     assert here.returncode == 0 and "skipped" in here.stdout
     assert required.returncode == 1 and "skipped where GPU_TESTS_REQUIRED=1 (a GPU machine)" in required.stdout
+
+
+def test_prepare_reads_a_relative_data_mirror_from_where_it_was_called(tmp_path, monkeypatch):
+    # Its stages run in a scratch folder: the README's DATA_MIRROR=../shared/data/multi30k failed there.
+    (tmp_path / "repo").mkdir()
+    monkeypatch.chdir(tmp_path / "repo")
+    monkeypatch.setenv("DATA_MIRROR", "../shared/data/multi30k")
+    assert prepare.data_mirror() == tmp_path / "shared" / "data" / "multi30k"
+    monkeypatch.delenv("DATA_MIRROR")
+    assert prepare.data_mirror() == prepare.DEFAULT_MIRROR.resolve()
 
 
 def test_the_campaign_script_refuses_bad_arguments_and_a_missing_carried_folder(tmp_path):
